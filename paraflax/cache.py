@@ -1,0 +1,60 @@
+"""Fixed-shape KV cache and the one operation that writes it: `commit`.
+
+The last slot of every row is a spare: rows that keep nothing (finished rows, rejected
+candidates' padding) write there, so no `where` over the whole cache is ever needed. Masks
+built from `lengths` never let a query see the spare slot.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax.config import ModelConfig
+
+
+@struct.dataclass
+class ChunkKV:
+  """Keys/values of one forward's chunk, as returned by the model."""
+  k: jax.Array  # [layers, B, T, Hkv, Dh]
+  v: jax.Array  # [layers, B, T, Hkv, Dh]
+
+
+@struct.dataclass
+class KVCache:
+  k: jax.Array  # [layers, B, S, Hkv, Dh]; slot S-1 is the spare
+  v: jax.Array  # [layers, B, S, Hkv, Dh]
+  lengths: jax.Array  # [B] int32: slots [0, lengths) hold committed keys
+
+  @property
+  def slots(self) -> int:
+    """S, including the spare slot."""
+    return self.k.shape[2]
+
+  @property
+  def capacity(self) -> int:
+    """Usable slots per row (S minus the spare)."""
+    return self.slots - 1
+
+
+def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
+  """An empty cache with `capacity` usable slots per row (+1 spare)."""
+  shape = (cfg.n_layers, batch, capacity + 1, cfg.n_kv_heads, cfg.dim_per_head)
+  zeros = jnp.zeros(shape, cfg.compute_dtype)
+  return KVCache(k=zeros, v=zeros, lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Array) -> KVCache:
+  """Append chunk rows `src[b, :count[b]]` at each row's length; advance lengths by count.
+
+  One gather of n rows per batch row and one scatter into the cache (in place inside a
+  loop). Entries i >= count[b] go to the spare slot.
+  """
+  b, n = src_BxN.shape
+  rows = jnp.arange(b)[:, None]  # [B, 1]
+  keep = jnp.arange(n)[None, :] < count_B[:, None]  # [B, N]
+  dst = jnp.where(keep, cache.lengths[:, None] + jnp.arange(n)[None, :], cache.slots - 1)
+  k = cache.k.at[:, rows, dst].set(chunk.k[:, rows, src_BxN].astype(cache.k.dtype))
+  v = cache.v.at[:, rows, dst].set(chunk.v[:, rows, src_BxN].astype(cache.v.dtype))
+  return KVCache(k=k, v=v, lengths=cache.lengths + count_B.astype(jnp.int32))

@@ -1,0 +1,69 @@
+"""Model configuration: a frozen, hashable dataclass (variants via `dataclasses.replace`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A Llama/Qwen-family decoder.
+
+  `dtype` is the compute dtype (activations, attention); parameters are kept in
+  `param_dtype` and logits are always float32.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  d_ff: int
+  max_seq_len: int
+  head_dim: int | None = None  # default d_model // n_heads
+  rope_theta: float = 10000.0
+  rms_eps: float = 1e-6
+  qkv_bias: bool = False  # Qwen2
+  qk_norm: bool = False  # Qwen3
+  tie_embeddings: bool = False
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
+  two_stream: bool = False  # AS-ARM query stream (ASSD)
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                 "max_seq_len"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                       f"({self.n_kv_heads}) for grouped-query attention")
+    if self.head_dim is None and self.d_model % self.n_heads:
+      raise ValueError(f"d_model ({self.d_model}) is not divisible by n_heads "
+                       f"({self.n_heads}); set head_dim explicitly")
+    if self.dim_per_head % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.dim_per_head}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
+                         f"got {getattr(self, name)!r}")
+    if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+      raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                       f"[0, {self.vocab_size})")
+
+  @property
+  def dim_per_head(self) -> int:
+    return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def params_dtype(self):
+    return _DTYPES[self.param_dtype]

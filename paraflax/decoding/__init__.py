@@ -1,0 +1,1 @@
+"""Decoders and the generate loop."""

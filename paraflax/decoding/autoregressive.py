@@ -1,0 +1,53 @@
+"""The AR baseline: prefill, then one token per forward with a KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax import masks
+from paraflax.cache import commit
+from paraflax.decoding import state as st
+from paraflax.sampling import Greedy
+
+
+@struct.dataclass
+class AR:
+  """One token per forward. `sampler`: Greedy(), Temperature(t), TopK(k), TopP(p)."""
+  sampler: object = struct.field(default_factory=Greedy)
+  uses_draft_model = False
+
+  def validate(self, cfg, draft_cfg):
+    self.sampler.validate()
+
+  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
+    return prompt_len + max_new_tokens
+
+  def max_steps(self, max_new_tokens: int) -> int:
+    return max_new_tokens - 1  # the first token comes from the prefill
+
+  def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
+    del draft
+    p = prompts.shape[1]
+    cache, logits = st.prefill(fwd, prompts, prompt_lens, self.cache_capacity(p, max_new_tokens))
+    rng, sub = jax.random.split(rng)
+    first = self.sampler.sample(sub, logits)
+    state = st.new_state((prompts.shape[0], max_new_tokens), prompt_lens, cache,
+                         self.max_steps(max_new_tokens), rng, eos_id)
+    return st.emit(state, first[:, None], jnp.ones_like(prompt_lens), record=False)
+
+  def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
+    del draft
+    active = ~state.done
+    cache = state.cache
+    # the last emitted token is fed at position prompt_len + lengths - 1 (== cache length)
+    tok = st.last_tokens(state)[:, None]
+    pos = (state.prompt_lens + state.lengths - 1)[:, None]
+    logits, kv = fwd(tok, pos, masks.decode(cache.lengths, cache.slots, 1), cache)
+    cache = commit(cache, kv, jnp.zeros_like(tok), active.astype(jnp.int32))
+    rng, sub = jax.random.split(state.rng)
+    nxt = self.sampler.sample(sub, logits[:, 0])
+    state = state.replace(cache=cache, rng=rng, forwards=state.forwards + active)
+    state = st.emit(state, nxt[:, None], jnp.ones_like(nxt))
+    return state.replace(step=state.step + 1)

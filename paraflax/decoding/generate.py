@@ -1,0 +1,147 @@
+"""`generate`: validate on the host, then one compiled `lax.while_loop` per decoder shape.
+
+The Python-loop twin (`generate_steps`) runs the same jitted `init`/`step` one iteration at a
+time, for streaming, notebooks and tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paraflax.decoding import state as st
+from paraflax.decoding.autoregressive import AR
+
+# Trace counts per decoder class: a retrace per call means a shape or static value changes.
+TRACES: collections.Counter = collections.Counter()
+
+
+def _bucket(n: int) -> int:
+  """Pad prompts to a power of two (>= 8) so new prompt lengths rarely retrace."""
+  return max(8, 1 << (n - 1).bit_length())
+
+
+def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_len=None):
+  """Host-side checks and right padding. Returns (prompts int32 [B, P], lengths int32 [B])."""
+  if prompt_lengths is None:
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+      arr = np.asarray(prompts)
+      if arr.ndim != 2:
+        raise ValueError(f"prompts array must be [B, P], got shape {arr.shape}")
+      rows = [list(r) for r in arr]
+    else:
+      rows = [list(map(int, r)) for r in prompts]
+    lengths = np.array([len(r) for r in rows], np.int32)
+  else:
+    arr = np.asarray(prompts)
+    lengths = np.asarray(prompt_lengths, np.int32)
+    if arr.ndim != 2 or lengths.shape != (arr.shape[0],):
+      raise ValueError(f"prompts [B, P] with prompt_lengths [B] expected, got {arr.shape} "
+                       f"and {lengths.shape}")
+    if np.any(lengths > arr.shape[1]):
+      raise ValueError(f"prompt_lengths {lengths.tolist()} exceed the prompt width {arr.shape[1]}")
+    rows = [list(r[:n]) for r, n in zip(arr, lengths)]
+  if len(rows) == 0:
+    raise ValueError("no prompts given: need a batch of at least one prompt")
+  if np.any(lengths < 1):
+    raise ValueError(f"empty prompt at batch rows {np.flatnonzero(lengths < 1).tolist()}: "
+                     "every prompt needs at least one token")
+  longest = int(lengths.max())
+  width = _bucket(longest) if max_prompt_len is None else int(max_prompt_len)
+  if longest > width:
+    raise ValueError(f"prompt of {longest} tokens is longer than the prompt buffer "
+                     f"max_prompt_len={width}")
+  padded = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    padded[i, :len(r)] = r
+  bad = [(i, t) for i, r in enumerate(rows) for t in r if not 0 <= int(t) < vocab_size]
+  if bad:
+    raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): "
+                     f"(row, id) = {bad[:5]}")
+  return padded, lengths
+
+
+@functools.partial(jax.jit, static_argnames=("max_new_tokens",))
+def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
+  TRACES[type(decoder).__name__] += 1
+  state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
+  state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
+  return st.finish(state)
+
+
+@functools.partial(jax.jit, static_argnames=("max_new_tokens",))
+def _init(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
+  return decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
+
+
+@jax.jit
+def _step(fwd, draft, decoder, state):
+  return decoder.step(fwd, draft, state)
+
+
+def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, prompt_lengths,
+           max_prompt_len):
+  cfg = model.cfg
+  decoder = AR() if decoder is None else decoder
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+  if decoder.uses_draft_model and draft_model is None:
+    raise ValueError(f"{type(decoder).__name__} needs draft_model=")
+  if not decoder.uses_draft_model and draft_model is not None:
+    raise ValueError(f"{type(decoder).__name__} does not use a draft_model")
+  decoder.validate(cfg, None if draft_model is None else draft_model.cfg)
+  if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
+    raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
+  padded, lengths = prepare_prompts(prompts, cfg.vocab_size, prompt_lengths, max_prompt_len)
+  if int(lengths.max()) + max_new_tokens > cfg.max_seq_len:
+    raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) "
+                     f"exceeds the model's max_seq_len {cfg.max_seq_len}")
+  fwd = st.Forward.of(model)
+  draft = None if draft_model is None else st.Forward.of(draft_model)
+  rng = jax.random.key(0) if rng is None else rng
+  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  return fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos
+
+
+def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
+             max_new_tokens: int = 128, rng=None, eos_id: int | None = None, draft_model=None,
+             *, prompt_lengths=None, max_prompt_len: int | None = None,
+             loop: str = "while") -> st.GenerateOutput:
+  """Generate up to `max_new_tokens` per prompt with `decoder` (default: greedy AR).
+
+  prompts: list of token-id lists, or an int array [B, P] (with `prompt_lengths` [B] when
+  right-padded). `loop="python"` runs the Python-loop twin (same result, one jitted step per
+  iteration).
+  """
+  if loop not in ("while", "python"):
+    raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
+  args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
+                prompt_lengths, max_prompt_len)
+  if loop == "while":
+    return _generate_while(*args, max_new_tokens=max_new_tokens)
+  final = None
+  for final in _steps(*args, max_new_tokens):
+    pass
+  return st.finish(final)
+
+
+def _steps(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens):
+  state = _init(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens=max_new_tokens)
+  yield state
+  while bool(st.cond(state)):
+    state = _step(fwd, draft, decoder, state)
+    yield state
+
+
+def generate_steps(model, prompts, decoder=None, max_new_tokens: int = 128, rng=None,
+                   eos_id=None, draft_model=None, *, prompt_lengths=None,
+                   max_prompt_len=None) -> Iterator[st.DecodeState]:
+  """The Python-loop twin: yields the decoder state after the prefill and after every step."""
+  args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
+                prompt_lengths, max_prompt_len)
+  yield from _steps(*args, max_new_tokens)

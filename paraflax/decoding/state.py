@@ -1,0 +1,117 @@
+"""Loop state shared by all decoders, and the helpers every decoder uses.
+
+A decoder is `init` (prefill + first token) and `step` (one iteration), run by
+`lax.while_loop(cond, step, init)` or by the Python-loop twin in `generate.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from paraflax import masks
+from paraflax.cache import KVCache, commit, init_cache
+from paraflax.config import ModelConfig
+
+
+@struct.dataclass
+class Forward:
+  """A model split at the jit boundary: `graphdef` is static, `params` is traced."""
+  graphdef: Any = struct.field(pytree_node=False)
+  cfg: ModelConfig = struct.field(pytree_node=False)
+  params: Any = None
+
+  @classmethod
+  def of(cls, model: nnx.Module) -> "Forward":
+    graphdef, params = nnx.split(model)
+    return cls(graphdef=graphdef, cfg=model.cfg, params=params)
+
+  def __call__(self, tokens, positions, mask, cache=None):
+    return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache)
+
+
+@struct.dataclass
+class DecodeState:
+  tokens: jax.Array  # [B, N] generated tokens (N = max_new_tokens), -1 after each row's end
+  lengths: jax.Array  # [B] tokens generated so far
+  prompt_lens: jax.Array  # [B]
+  cache: KVCache  # the target model's cache
+  done: jax.Array  # [B] bool: EOS emitted or N reached
+  forwards: jax.Array  # [B] target forwards (prefill not counted)
+  draft_forwards: jax.Array  # [B] drafter forwards
+  accepted: jax.Array  # [steps, B] tokens emitted per iteration (0 once done)
+  step: jax.Array  # [] iterations run
+  rng: jax.Array  # PRNG key
+  eos_id: jax.Array  # [] int32, -1 for none
+  extra: Any = None  # decoder-specific pytree
+
+
+@struct.dataclass
+class GenerateOutput:
+  tokens: jax.Array  # [B, max_new_tokens] int32, -1 after each row's end
+  lengths: jax.Array  # [B] int32, EOS included
+  forwards: jax.Array  # [B] target-model forwards per row (prefill not counted)
+  draft_forwards: jax.Array  # [B] drafter forwards (0 without a separate drafter)
+  accepted: jax.Array  # [B, steps] tokens emitted per iteration, for acceptance histograms
+  prefill_forwards: jax.Array  # [B] forwards spent on the prompt (1: one padded chunk)
+
+
+def prefill(fwd: Forward, prompts_BxP, prompt_lens_B, capacity: int):
+  """Run the right-padded prompts as one chunk; returns (cache, logits at each row's last
+  prompt token [B, V]). Prompt token i of a row lands in cache slot i at position i."""
+  b, p = prompts_BxP.shape
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  logits, kv = fwd(prompts_BxP, positions, masks.causal(prompt_lens_B, p))
+  cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
+  return cache, logits[jnp.arange(b), prompt_lens_B - 1]
+
+
+def new_state(tokens_shape, prompt_lens, cache, steps: int, rng, eos_id, extra=None):
+  b, n = tokens_shape
+  zeros = jnp.zeros((b,), jnp.int32)
+  return DecodeState(
+      tokens=jnp.full((b, n), -1, jnp.int32), lengths=zeros, prompt_lens=prompt_lens,
+      cache=cache, done=jnp.zeros((b,), bool), forwards=zeros, draft_forwards=zeros,
+      accepted=jnp.zeros((steps, b), jnp.int32), step=jnp.zeros((), jnp.int32), rng=rng,
+      eos_id=jnp.asarray(eos_id, jnp.int32), extra=extra)
+
+
+def emit(state: DecodeState, new_BxK: jax.Array, count_B: jax.Array, record=True) -> DecodeState:
+  """Append `new[b, :count[b]]` to each active row, cut at the first EOS (kept) and at the
+  buffer end; mark rows done; record the count in this iteration's trace row."""
+  b, k = new_BxK.shape
+  n_max = state.tokens.shape[1]
+  i = jnp.arange(k)[None, :]
+  count = jnp.where(state.done, 0, jnp.minimum(count_B, n_max - state.lengths))
+  is_eos = (new_BxK == state.eos_id) & (i < count[:, None])
+  first_eos = jnp.argmax(is_eos, -1)
+  hit_eos = jnp.any(is_eos, -1)
+  count = jnp.where(hit_eos, first_eos + 1, count)
+  dst = jnp.where(i < count[:, None], state.lengths[:, None] + i, n_max)  # n_max: dropped
+  tokens = state.tokens.at[jnp.arange(b)[:, None], dst].set(new_BxK, mode="drop")
+  lengths = state.lengths + count
+  accepted = state.accepted.at[state.step].add(count, mode="drop") if record else state.accepted
+  return state.replace(
+      tokens=tokens, lengths=lengths, done=state.done | hit_eos | (lengths >= n_max),
+      accepted=accepted)
+
+
+def last_tokens(state: DecodeState) -> jax.Array:
+  """The most recent emitted token of each row: [B]."""
+  idx = jnp.maximum(state.lengths - 1, 0)[:, None]
+  return jnp.take_along_axis(state.tokens, idx, 1)[:, 0]
+
+
+def cond(state: DecodeState) -> jax.Array:
+  return jnp.any(~state.done) & (state.step < state.accepted.shape[0])
+
+
+def finish(state: DecodeState) -> GenerateOutput:
+  b = state.lengths.shape[0]
+  return GenerateOutput(
+      tokens=state.tokens, lengths=state.lengths, forwards=state.forwards,
+      draft_forwards=state.draft_forwards, accepted=state.accepted.T,
+      prefill_forwards=jnp.ones((b,), jnp.int32))

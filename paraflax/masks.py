@@ -1,0 +1,72 @@
+"""Pure attention-mask builders. A mask is bool `[B, T, K]`: query t may attend key k.
+
+Keys are the cache's S slots followed by the chunk's T tokens (K = S + T). Builders take
+structure (lengths, block ids) and return dense arrays, so an accelerator kernel can later
+take the structure instead.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def cache_slots(lengths_B: jax.Array, slots: int) -> jax.Array:
+  """Valid cache slots `[B, S]`: slot s is visible iff s < lengths[b].
+
+  lengths = [2, 4], S = 5 (slot 4 is the spare, never visible):
+      row 0: 1 1 0 0 0
+      row 1: 1 1 1 1 0
+  """
+  return jnp.arange(slots)[None, :] < lengths_B[:, None]
+
+
+def causal(lengths_B: jax.Array, t: int) -> jax.Array:
+  """Padding-aware causal mask `[B, T, T]` for right-padded chunks (prefill).
+
+  Query i sees key j iff j <= i and j < lengths[b]. lengths = [3], T = 4:
+      q0: 1 0 0 0
+      q1: 1 1 0 0
+      q2: 1 1 1 0
+      q3: 1 1 1 0   <- padding query: sees the real tokens only, output ignored
+  """
+  j = jnp.arange(t)
+  tri = j[None, :] <= j[:, None]  # [T, T]
+  return tri[None] & (j[None, None, :] < lengths_B[:, None, None])
+
+
+def block_causal(block_ids_BxT: jax.Array) -> jax.Array:
+  """Causal within a block, blind across blocks: `[B, T, T]`.
+
+  Several candidate blocks that share one prefix (the cache) are packed in one chunk; query i
+  sees key j iff j <= i and block[j] == block[i]. block ids = [0 0 1 1 1]:
+      q0: 1 0 0 0 0
+      q1: 1 1 0 0 0
+      q2: 0 0 1 0 0
+      q3: 0 0 1 1 0
+      q4: 0 0 1 1 1
+  """
+  t = block_ids_BxT.shape[1]
+  j = jnp.arange(t)
+  tri = j[None, :] <= j[:, None]
+  same = block_ids_BxT[:, :, None] == block_ids_BxT[:, None, :]
+  return tri[None] & same
+
+
+def over_cache(cache_lengths_B: jax.Array, slots: int, chunk_BxTxT: jax.Array) -> jax.Array:
+  """Prepend the valid cache slots to a chunk mask: `[B, T, S+T]`.
+
+  Every query of the chunk sees all committed slots of its row, then what `chunk` allows:
+      lengths = [2], S = 3, chunk = causal(T=2):
+      q0: 1 1 0 | 1 0
+      q1: 1 1 0 | 1 1
+  """
+  t = chunk_BxTxT.shape[1]
+  prefix = cache_slots(cache_lengths_B, slots)[:, None, :]  # [B, 1, S]
+  return jnp.concatenate([jnp.broadcast_to(prefix, (prefix.shape[0], t, slots)), chunk_BxTxT], -1)
+
+
+def decode(cache_lengths_B: jax.Array, slots: int, t: int) -> jax.Array:
+  """A causal chunk of T new tokens after each row's committed cache: `[B, T, S+T]`."""
+  b = cache_lengths_B.shape[0]
+  return over_cache(cache_lengths_B, slots, causal(jnp.full((b,), t, jnp.int32), t))

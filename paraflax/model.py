@@ -1,0 +1,170 @@
+"""Llama/Qwen-family decoder in Flax NNX with an explicit mask and an external KV cache.
+
+`logits, chunk_kv = model(tokens, positions, mask, cache)`: attention keys are the cache's S
+slots followed by the chunk's T tokens, so `mask` is `[B, T, S+T]` (`[B, T, T]` without a
+cache). The model never builds a mask and never writes the cache; it returns the chunk's
+keys/values (post-RoPE) and the caller commits the rows it keeps (`cache.commit`).
+
+Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`) as
+`out_sharding` metadata, so sharding is a rules table (see `sharding.py`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from paraflax.cache import ChunkKV, KVCache
+from paraflax.config import ModelConfig
+
+_NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
+
+
+def _param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
+  return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False)
+
+
+def _lecun(fan_in: int):
+  return jax.nn.initializers.normal(fan_in ** -0.5)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, dim: int, eps: float, dtype, name: str | None = "embed"):
+    self.eps = eps
+    self.scale = nnx.Param(jnp.ones((dim,), dtype), out_sharding=(name,), eager_sharding=False)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> jax.Array:
+  """Inverse frequencies `[Dh/2]` of rotary embeddings."""
+  d = cfg.dim_per_head
+  return 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+
+
+def apply_rope(x_BxTxHxD, positions_BxT, inv_freq):
+  """Rotate-half RoPE (the Llama/Qwen convention) at explicit positions."""
+  angles = positions_BxT.astype(jnp.float32)[:, :, None] * inv_freq  # [B, T, D/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x = x_BxTxHxD.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxHxD.dtype)
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h, hkv, dh, pd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head, cfg.params_dtype
+    self.wq = _param(rngs, _lecun(d), (d, h, dh), ("embed", "heads", None), pd)
+    self.wk = _param(rngs, _lecun(d), (d, hkv, dh), ("embed", "kv_heads", None), pd)
+    self.wv = _param(rngs, _lecun(d), (d, hkv, dh), ("embed", "kv_heads", None), pd)
+    self.wo = _param(rngs, _lecun(h * dh), (h, dh, d), ("heads", None, "embed"), pd)
+    if cfg.qkv_bias:
+      zeros = jax.nn.initializers.zeros
+      self.bq = _param(rngs, zeros, (h, dh), ("heads", None), pd)
+      self.bk = _param(rngs, zeros, (hkv, dh), ("kv_heads", None), pd)
+      self.bv = _param(rngs, zeros, (hkv, dh), ("kv_heads", None), pd)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
+      self.k_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
+
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq):
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wk[...].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wv[...].astype(dt))
+    if cfg.qkv_bias:
+      q, k, v = q + self.bq[...].astype(dt), k + self.bk[...].astype(dt), v + self.bv[...].astype(dt)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions_BxT, inv_freq)
+    k = apply_rope(k, positions_BxT, inv_freq)
+
+    keys, values = k, v
+    if cache_k is not None:  # keys = S cache slots, then the T chunk tokens
+      keys = jnp.concatenate([cache_k.astype(dt), k], axis=1)
+      values = jnp.concatenate([cache_v.astype(dt), v], axis=1)
+    b, t, h, dh = q.shape
+    hkv = cfg.n_kv_heads
+    q = q.reshape(b, t, hkv, h // hkv, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+    scores = scores * dh ** -0.5
+    scores = jnp.where(mask_BxTxK[:, None, None], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
+    return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
+
+
+class MLP(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, f, pd = cfg.d_model, cfg.d_ff, cfg.params_dtype
+    self.w_gate = _param(rngs, _lecun(d), (d, f), ("embed", "mlp"), pd)
+    self.w_up = _param(rngs, _lecun(d), (d, f), ("embed", "mlp"), pd)
+    self.w_down = _param(rngs, _lecun(f), (f, d), ("mlp", "embed"), pd)
+
+  def __call__(self, x):
+    dt = x.dtype
+    gate = jax.nn.silu(x @ self.w_gate[...].astype(dt))
+    return (gate * (x @ self.w_up[...].astype(dt))) @ self.w_down[...].astype(dt)
+
+
+class Block(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq):
+    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq)
+    x = x + a
+    return x + self.mlp(self.mlp_norm(x)), kv
+
+
+class Transformer(nnx.Module):
+  """Decoder-only transformer; see the module docstring for the calling convention."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.two_stream:
+      raise NotImplementedError("two_stream=True (the AS-ARM query stream) is not built yet")
+    self.cfg = cfg
+    v, d, pd = cfg.vocab_size, cfg.d_model, cfg.params_dtype
+    embed_std = d ** -0.5 if cfg.tie_embeddings else 1.0
+    self.embed = _param(rngs, jax.nn.initializers.normal(embed_std), (v, d), ("vocab", "embed"), pd)
+    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(d, cfg.rms_eps, pd)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, _lecun(d), (d, v), ("embed", "vocab"), pd)
+
+  def __call__(self, tokens_BxT, positions_BxT, mask, cache: KVCache | None = None):
+    """Returns (logits `[B, T, V]` float32, ChunkKV with k, v `[layers, B, T, Hkv, Dh]`)."""
+    cfg = self.cfg
+    b, t = tokens_BxT.shape
+    s = 0 if cache is None else cache.k.shape[2]
+    if positions_BxT.shape != (b, t):
+      raise ValueError(f"positions must have shape {(b, t)} like tokens, got {positions_BxT.shape}")
+    if mask.shape != (b, t, s + t):
+      raise ValueError(f"mask must have shape [B, T, S+T] = {(b, t, s + t)} "
+                       f"({s} cache slots + {t} chunk tokens), got {tuple(mask.shape)}")
+    if cache is not None and cache.k.shape[1] != b:
+      raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}")
+    dt = cfg.compute_dtype
+    inv_freq = rope_frequencies(cfg)
+    x = self.embed[...].astype(dt)[tokens_BxT]
+    ks, vs = [], []
+    for i, layer in enumerate(self.layers):
+      ck = None if cache is None else cache.k[i]
+      cv = None if cache is None else cache.v[i]
+      x, (k, v) = layer(x, positions_BxT, mask, ck, cv, inv_freq)
+      ks.append(k)
+      vs.append(v)
+    x = self.final_norm(x)
+    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+    logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
+    return logits, ChunkKV(k=jnp.stack(ks), v=jnp.stack(vs))

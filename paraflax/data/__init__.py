@@ -1,0 +1,54 @@
+"""Data: stdlib code corpus, JSONL user data, HumanEval prompts, BPE tokenizer, grain pipelines."""
+
+from paraflax.data.corpus import (
+    Document,
+    corpus_name,
+    heldout_prompts,
+    load_documents,
+    stdlib_documents,
+    stdlib_root,
+)
+from paraflax.data.humaneval import Problem, load_humaneval
+from paraflax.data.jsonl import PairRecord, TextRecord, jsonl_documents, read_jsonl
+from paraflax.data.packing import encode_documents, pack, token_stream
+from paraflax.data.pipeline import (
+    Data,
+    DataConfig,
+    prepare_documents,
+    prepare_stdlib,
+    train_dataset,
+    train_iterator,
+    validation_batches,
+    validation_dataset,
+)
+from paraflax.data.tokenizer import SPECIAL_TOKENS, Tokenizer, load_or_train, train_tokenizer
+
+__all__ = [
+    "Data",
+    "DataConfig",
+    "Document",
+    "PairRecord",
+    "Problem",
+    "SPECIAL_TOKENS",
+    "TextRecord",
+    "Tokenizer",
+    "corpus_name",
+    "encode_documents",
+    "heldout_prompts",
+    "jsonl_documents",
+    "load_documents",
+    "load_humaneval",
+    "load_or_train",
+    "pack",
+    "prepare_documents",
+    "prepare_stdlib",
+    "read_jsonl",
+    "stdlib_documents",
+    "stdlib_root",
+    "token_stream",
+    "train_dataset",
+    "train_iterator",
+    "train_tokenizer",
+    "validation_batches",
+    "validation_dataset",
+]

@@ -1,0 +1,30 @@
+"""`commit` appends any chosen chunk rows at each row's length; the spare slot absorbs the rest."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import paraflax as pf
+from conftest import MICRO
+
+pytestmark = pytest.mark.fast
+
+
+def test_commit_appends_chosen_rows_per_row():
+  cfg = pf.ModelConfig(**{**MICRO, "n_layers": 1, "n_kv_heads": 1, "head_dim": 2, "n_heads": 1,
+                          "d_model": 2})
+  cache = pf.init_cache(cfg, 3, 6)
+  cache = cache.replace(lengths=jnp.array([0, 2, 5]))
+  values = jnp.arange(3 * 4, dtype=jnp.float32).reshape(1, 3, 4, 1, 1) + 1.0  # row-unique
+  chunk = pf.ChunkKV(k=jnp.broadcast_to(values, (1, 3, 4, 1, 2)),
+                     v=-jnp.broadcast_to(values, (1, 3, 4, 1, 2)))
+  src = jnp.array([[0, 1, 2], [3, 1, 0], [2, 2, 2]])  # any rows, e.g. a winning candidate's
+  out = pf.commit(cache, chunk, src, jnp.array([3, 2, 0]))
+  np.testing.assert_array_equal(out.lengths, [3, 4, 5])
+  k = np.asarray(out.k[0, :, :, 0, 0])
+  np.testing.assert_array_equal(k[0, :3], [1, 2, 3])
+  np.testing.assert_array_equal(k[1, 2:4], [8, 6])  # chunk rows 3 and 1 of batch row 1
+  np.testing.assert_array_equal(k[1, :2], [0, 0])  # untouched
+  np.testing.assert_array_equal(k[2, :6], [0] * 6)  # count 0: nothing written to real slots
+  np.testing.assert_array_equal(out.v, -out.k)
+  assert out.capacity == 6 and out.slots == 7

@@ -25,7 +25,8 @@ class AR:
     return prompt_len + max_new_tokens
 
   def max_steps(self, max_new_tokens: int) -> int:
-    return max_new_tokens - 1  # the first token comes from the prefill
+    # the first token comes from the prefill; keep one (idle) trace row when none are left
+    return max(max_new_tokens - 1, 1)
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft

@@ -1,0 +1,164 @@
+"""AR generate: exact vs a no-cache reference, batch = rows alone, while = Python loop,
+compile once, EOS handling, sampled joint by enumeration, and clear input errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import paraflax as pf
+from paraflax import masks
+from paraflax.decoding.generate import TRACES
+from conftest import micro_model
+from test_verify import chi_square_pvalue
+
+PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11]]
+
+
+def reference_greedy(model, prompt, n):
+  """Greedy decoding by full recomputation of the whole sequence each token: no cache, one
+  row (right padding to a fixed width is invisible to the causal mask)."""
+  graphdef, params = nnx.split(model)
+  w = len(prompt) + n
+
+  @jax.jit
+  def next_token(seq, t):
+    mask = masks.causal(t[None], w)
+    logits, _ = nnx.merge(graphdef, params)(seq[None], jnp.arange(w)[None], mask)
+    return jnp.argmax(logits[0, t - 1])
+
+  seq = np.zeros(w, np.int32)
+  seq[:len(prompt)] = prompt
+  for t in range(len(prompt), w):
+    seq[t] = next_token(seq, jnp.int32(t))
+  return seq[len(prompt):].tolist()
+
+
+@pytest.mark.fast
+def test_greedy_equals_no_cache_reference_for_every_row_of_a_ragged_batch(model):
+  out = pf.generate(model, PROMPTS, max_new_tokens=12)
+  for row, prompt in enumerate(PROMPTS):
+    assert out.tokens[row].tolist() == reference_greedy(model, prompt, 12)
+  np.testing.assert_array_equal(out.lengths, [12, 12, 12])
+  np.testing.assert_array_equal(out.forwards, [11, 11, 11])  # prefill not counted
+  np.testing.assert_array_equal(out.prefill_forwards, [1, 1, 1])
+
+
+@pytest.mark.fast
+def test_batch_rows_equal_each_prompt_alone(model):
+  batch = pf.generate(model, PROMPTS, max_new_tokens=10)
+  for row, prompt in enumerate(PROMPTS):
+    alone = pf.generate(model, [prompt], max_new_tokens=10)
+    np.testing.assert_array_equal(batch.tokens[row], alone.tokens[0])
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("sampler", [pf.Greedy(), pf.TopP(0.9, temperature=0.8)])
+def test_while_loop_and_python_loop_agree(model, sampler):
+  kw = dict(decoder=pf.decoders.AR(sampler), max_new_tokens=9, rng=jax.random.key(4), eos_id=7)
+  a = pf.generate(model, PROMPTS, **kw)
+  b = pf.generate(model, PROMPTS, loop="python", **kw)
+  for field in ("tokens", "lengths", "forwards", "accepted"):
+    np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+  states = list(pf.generate_steps(model, PROMPTS, **kw))
+  assert len(states) - 1 == int(np.sum(np.any(np.asarray(a.accepted) > 0, 0)))  # + the prefill
+
+
+@pytest.mark.fast
+def test_twenty_calls_with_new_prompts_seeds_and_temperatures_compile_once(model):
+  rng = np.random.default_rng(0)
+  before = TRACES["AR"]
+  for i in range(20):
+    prompts = [list(rng.integers(0, 48, rng.integers(1, 17))) for _ in range(3)]
+    sampler = pf.TopK(k=int(rng.integers(1, 10)), temperature=float(rng.uniform(0.5, 1.5)))
+    pf.generate(model, prompts, decoder=pf.decoders.AR(sampler), max_new_tokens=6,
+                rng=jax.random.key(i), eos_id=int(rng.integers(0, 48)), max_prompt_len=16)
+  assert TRACES["AR"] - before == 1
+
+
+@pytest.mark.fast
+def test_eos_ends_a_row_and_is_counted(model):
+  free = pf.generate(model, PROMPTS, max_new_tokens=12)
+  eos = int(free.tokens[1, 4])  # row 1 emits this token first at index <= 4
+  first = free.tokens[1].tolist().index(eos)
+  out = pf.generate(model, PROMPTS, max_new_tokens=12, eos_id=eos)
+  assert out.lengths[1] == first + 1
+  assert out.tokens[1, :first + 1].tolist() == free.tokens[1, :first + 1].tolist()
+  assert np.all(np.asarray(out.tokens[1, first + 1:]) == -1)
+  assert out.forwards[1] == first  # no forward after the EOS
+  for row in range(3):  # rows never emit a token past their length
+    assert np.all(np.asarray(out.tokens[row, out.lengths[row]:]) == -1)
+
+
+@pytest.mark.fast
+def test_single_new_token_needs_no_forward(model):
+  out = pf.generate(model, PROMPTS, max_new_tokens=1)
+  np.testing.assert_array_equal(out.forwards, [0, 0, 0])
+  assert out.tokens[:, 0].tolist() == [reference_greedy(model, p, 1)[0] for p in PROMPTS]
+
+
+@pytest.mark.fast
+def test_padded_array_prompts_with_lengths(model):
+  arr = np.zeros((3, 10), np.int32)
+  for i, p in enumerate(PROMPTS):
+    arr[i, :len(p)] = p
+  a = pf.generate(model, arr, prompt_lengths=[len(p) for p in PROMPTS], max_new_tokens=5)
+  b = pf.generate(model, PROMPTS, max_new_tokens=5)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+@pytest.mark.slow
+def test_sampled_ar_matches_the_enumerated_joint():
+  """20k sampled continuations vs the exact joint of 3 tokens (top-k + temperature warp)."""
+  model = micro_model(vocab_size=8, seed=1, logit_std=2.2)
+  sampler = pf.TopK(k=5, temperature=0.9)
+  prompt, n_new, rows = [3, 1], 3, 20000
+
+  seqs = np.array(list(itertools.product(range(8), repeat=n_new)))
+  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), 2)), seqs], 1)
+  t = full.shape[1]
+  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
+                    masks.causal(jnp.full((len(seqs),), t), t))
+  probs = np.asarray(sampler.probs(logits[:, 1:t - 1]), np.float64)  # positions scoring x1..x3
+  joint = np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
+  assert abs(joint.sum() - 1) < 1e-4
+
+  def sample(s):
+    out = pf.generate(model, [prompt] * rows, decoder=pf.decoders.AR(s), max_new_tokens=n_new,
+                      rng=jax.random.key(0))
+    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (8,) * n_new)
+
+  pvalue = chi_square_pvalue(sample(sampler), joint)
+  assert pvalue > 1e-3, f"sampled AR deviates from the enumerated joint (p={pvalue:.2e})"
+  wrong = chi_square_pvalue(sample(pf.TopK(k=5, temperature=1.3)), joint)
+  assert wrong < 1e-6, f"the test cannot tell a different temperature apart (p={wrong:.2e})"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(prompts=[[1, 2], []]), "empty prompt at batch rows \\[1\\]"),
+    (dict(prompts=[]), "at least one prompt"),
+    (dict(prompts=[[1] * 20], max_prompt_len=16), "longer than the prompt buffer"),
+    (dict(prompts=[[1, 48]]), "outside the vocabulary"),
+    (dict(prompts=[[1, -1]]), "outside the vocabulary"),
+    (dict(prompts=[[1]], max_new_tokens=0), "max_new_tokens must be an int >= 1"),
+    (dict(prompts=[[1] * 100], max_new_tokens=40), "exceeds the model's max_seq_len"),
+    (dict(prompts=[[1]], eos_id=99), "eos_id 99 is outside"),
+    (dict(prompts=[[1]], decoder=pf.decoders.AR(pf.Temperature(0.0))), "temperature must be > 0"),
+    (dict(prompts=[[1]], decoder=pf.decoders.AR(pf.TopP(1.5))), "top-p needs"),
+    (dict(prompts=[[1]], decoder=pf.decoders.AR(pf.TopK(0))), "top-k needs k >= 1"),
+    (dict(prompts=[[1]], loop="scan"), "loop must be"),
+])
+def test_bad_input_is_a_clear_error_before_device_work(model, kwargs, match):
+  prompts = kwargs.pop("prompts")
+  with pytest.raises(ValueError, match=match):
+    pf.generate(model, prompts, **kwargs)
+
+
+@pytest.mark.fast
+def test_draft_model_is_refused_by_ar(model):
+  with pytest.raises(ValueError, match="does not use a draft_model"):
+    pf.generate(model, [[1]], draft_model=model)

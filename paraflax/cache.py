@@ -41,8 +41,8 @@ class KVCache:
 def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
   """An empty cache with `capacity` usable slots per row (+1 spare)."""
   shape = (cfg.n_layers, batch, capacity + 1, cfg.n_kv_heads, cfg.dim_per_head)
-  zeros = jnp.zeros(shape, cfg.compute_dtype)
-  return KVCache(k=zeros, v=zeros, lengths=jnp.zeros((batch,), jnp.int32))
+  return KVCache(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype),
+                 lengths=jnp.zeros((batch,), jnp.int32))
 
 
 def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Array) -> KVCache:

@@ -86,18 +86,22 @@ class Attention(nnx.Module):
     q = apply_rope(q, positions_BxT, inv_freq)
     k = apply_rope(k, positions_BxT, inv_freq)
 
-    keys, values = k, v
-    if cache_k is not None:  # keys = S cache slots, then the T chunk tokens
-      keys = jnp.concatenate([cache_k.astype(dt), k], axis=1)
-      values = jnp.concatenate([cache_v.astype(dt), v], axis=1)
     b, t, h, dh = q.shape
     hkv = cfg.n_kv_heads
     q = q.reshape(b, t, hkv, h // hkv, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
-    scores = scores * dh ** -0.5
-    scores = jnp.where(mask_BxTxK[:, None, None], scores, _NEG)
+    # scores over [cache slots | chunk tokens] without concatenating (copying) the cache
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    if cache_k is not None:
+      cached = jnp.einsum("btkgd,bskd->bkgts", q, cache_k.astype(dt),
+                          preferred_element_type=jnp.float32)
+      scores = jnp.concatenate([cached, scores], axis=-1)
+    scores = jnp.where(mask_BxTxK[:, None, None], scores * dh ** -0.5, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
+    s = 0 if cache_k is None else cache_k.shape[1]
+    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v)
+    if cache_k is not None:
+      out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], cache_v.astype(dt))
+    out = out.reshape(b, t, h, dh)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
 
 

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax import masks
-from paraflax.cache import commit
 from paraflax.decoding import state as st
 from paraflax.sampling import Greedy
 
@@ -35,20 +34,20 @@ class AR:
     rng, sub = jax.random.split(rng)
     first = self.sampler.sample(sub, logits)
     state = st.new_state((prompts.shape[0], max_new_tokens), prompt_lens, cache,
-                         self.max_steps(max_new_tokens), rng, eos_id)
+                         st.no_pending(cache, 1, 1), self.max_steps(max_new_tokens), rng, eos_id)
     return st.emit(state, first[:, None], jnp.ones_like(prompt_lens), record=False)
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft
     active = ~state.done
-    cache = state.cache
+    cache = st.flush(state)
     # the last emitted token is fed at position prompt_len + lengths - 1 (== cache length)
     tok = st.last_tokens(state)[:, None]
     pos = (state.prompt_lens + state.lengths - 1)[:, None]
     logits, kv = fwd(tok, pos, masks.decode(cache.lengths, cache.slots, 1), cache)
-    cache = commit(cache, kv, jnp.zeros_like(tok), active.astype(jnp.int32))
+    pending = st.PendingCommit(kv=kv, src=jnp.zeros_like(tok), count=active.astype(jnp.int32))
     rng, sub = jax.random.split(state.rng)
     nxt = self.sampler.sample(sub, logits[:, 0])
-    state = state.replace(cache=cache, rng=rng, forwards=state.forwards + active)
+    state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
     state = st.emit(state, nxt[:, None], jnp.ones_like(nxt))
     return state.replace(step=state.step + 1)

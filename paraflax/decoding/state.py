@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from paraflax import masks
-from paraflax.cache import KVCache, commit, init_cache
+from paraflax.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.config import ModelConfig
 
 
@@ -34,11 +34,39 @@ class Forward:
 
 
 @struct.dataclass
+class PendingCommit:
+  """Rows of the last step's chunk to commit at the start of the next step.
+
+  Committing before the forward (write, then read) lets XLA update the cache in place; a
+  commit after the forward would race with the later layers' cache reads and XLA would copy
+  the whole cache every step.
+  """
+  kv: ChunkKV  # k, v [layers, B, T, Hkv, Dh]
+  src: jax.Array  # [B, N] chunk rows to keep
+  count: jax.Array  # [B] how many of them
+
+
+def no_pending(cache: KVCache, t: int, n: int) -> PendingCommit:
+  """An empty commit shaped like a step's chunk (T tokens, up to N kept rows)."""
+  layers, b, _, h, d = cache.k.shape
+  zeros = jnp.zeros((layers, b, t, h, d), cache.k.dtype)
+  return PendingCommit(kv=ChunkKV(k=zeros, v=zeros), src=jnp.zeros((b, n), jnp.int32),
+                       count=jnp.zeros((b,), jnp.int32))
+
+
+def flush(state: "DecodeState") -> KVCache:
+  """The cache with the previous step's kept rows committed."""
+  p = state.pending
+  return commit(state.cache, p.kv, p.src, p.count)
+
+
+@struct.dataclass
 class DecodeState:
   tokens: jax.Array  # [B, N] generated tokens (N = max_new_tokens), -1 after each row's end
   lengths: jax.Array  # [B] tokens generated so far
   prompt_lens: jax.Array  # [B]
-  cache: KVCache  # the target model's cache
+  cache: KVCache  # the target model's cache, without `pending`
+  pending: PendingCommit  # last step's kept rows, committed by `flush` in the next step
   done: jax.Array  # [B] bool: EOS emitted or N reached
   forwards: jax.Array  # [B] target forwards (prefill not counted)
   draft_forwards: jax.Array  # [B] drafter forwards
@@ -69,12 +97,12 @@ def prefill(fwd: Forward, prompts_BxP, prompt_lens_B, capacity: int):
   return cache, logits[jnp.arange(b), prompt_lens_B - 1]
 
 
-def new_state(tokens_shape, prompt_lens, cache, steps: int, rng, eos_id, extra=None):
+def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id, extra=None):
   b, n = tokens_shape
   zeros = jnp.zeros((b,), jnp.int32)
   return DecodeState(
       tokens=jnp.full((b, n), -1, jnp.int32), lengths=zeros, prompt_lens=prompt_lens,
-      cache=cache, done=jnp.zeros((b,), bool), forwards=zeros, draft_forwards=zeros,
+      cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros, draft_forwards=zeros,
       accepted=jnp.zeros((steps, b), jnp.int32), step=jnp.zeros((), jnp.int32), rng=rng,
       eos_id=jnp.asarray(eos_id, jnp.int32), extra=extra)
 

@@ -112,10 +112,12 @@ class MLP(nnx.Module):
     self.w_up = _param(rngs, _lecun(d), (d, f), ("embed", "mlp"), pd)
     self.w_down = _param(rngs, _lecun(f), (f, d), ("mlp", "embed"), pd)
 
-  def __call__(self, x):
-    dt = x.dtype
+  def __call__(self, x_BxTxD):
+    dt = x_BxTxD.dtype
+    x = x_BxTxD.reshape(-1, x_BxTxD.shape[-1])  # 2-D matmuls: ~2x faster backward on CPU
     gate = jax.nn.silu(x @ self.w_gate[...].astype(dt))
-    return (gate * (x @ self.w_up[...].astype(dt))) @ self.w_down[...].astype(dt)
+    out = (gate * (x @ self.w_up[...].astype(dt))) @ self.w_down[...].astype(dt)
+    return out.reshape(x_BxTxD.shape)
 
 
 class Block(nnx.Module):

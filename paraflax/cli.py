@@ -1,0 +1,159 @@
+"""The `paraflax` command. Subcommands import JAX lazily so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CACHE = Path("~/.cache/paraflax").expanduser()
+
+
+def _sampler(args):
+  from paraflax import sampling
+  if args.temperature == 0:
+    return sampling.Greedy()
+  if args.top_k:
+    return sampling.TopK(args.top_k, temperature=args.temperature)
+  if args.top_p < 1:
+    return sampling.TopP(args.top_p, temperature=args.temperature)
+  return sampling.Temperature(args.temperature)
+
+
+def cmd_train(args):
+  from paraflax.training import train_from_config_path
+  from paraflax.training.__main__ import parse_overrides
+  summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
+                                   overrides=parse_overrides(args.overrides))
+  print(json.dumps(summary))
+
+
+def cmd_generate(args):
+  import jax
+  from paraflax import decoders
+  from paraflax.decoding.generate import generate
+  from paraflax.training import load_trained
+  model, tok, _ = load_trained(args.workdir)
+  prompt = tok.encode(args.prompt)
+  if not prompt:
+    raise SystemExit("--prompt encodes to no tokens: give some text")
+  kw = dict(decoder=decoders.AR(_sampler(args)), max_new_tokens=args.max_new_tokens,
+            rng=jax.random.key(args.seed), eos_id=tok.eos_id)
+  jax.block_until_ready(generate(model, [prompt], **kw).tokens)  # compile
+  t0 = time.perf_counter()
+  out = jax.device_get(generate(model, [prompt], **kw))
+  seconds = time.perf_counter() - t0
+  n = int(out.lengths[0])
+  print(args.prompt + tok.decode(out.tokens[0, :n].tolist()))
+  print(f"\n[{n} tokens in {seconds:.3f}s: {n / seconds:.1f} tokens/s, "
+        f"{int(out.forwards[0]) + 1} forwards]", file=sys.stderr)
+
+
+def humaneval_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:
+  """The first n HumanEval prompts, tokenised, keeping the last `max_tokens` tokens."""
+  from paraflax.data import load_humaneval
+  return [tok.encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
+
+
+def cmd_bench(args):
+  from paraflax.evaluation import bench
+  from paraflax.training import load_trained
+  model, tok, _ = load_trained(args.workdir)
+  max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
+  prompts = humaneval_prompts(tok, args.prompts, max_prompt)
+  rows = bench.run_bench(model, prompts, [], max_new_tokens=args.max_new_tokens,
+                         batch_size=args.batch_size, eos_id=tok.eos_id)
+  print(bench.format_table(rows))
+  if args.json:
+    print(f"wrote {bench.write_json(rows, args.json)}")
+
+
+def cmd_demo(args):
+  from paraflax.training import load_trained, train_from_config_path
+  config = REPO_CONFIGS / "tiny_ar.py"
+  if not config.is_file():
+    raise SystemExit(f"{config} not found: run the demo from a clone of the repository")
+  workdir = CACHE / "demo" / "tiny_ar"
+  if args.retrain and workdir.exists():
+    import shutil
+    shutil.rmtree(workdir)
+  print(f"[demo] training (or resuming) the tiny AR model in {workdir}")
+  train_from_config_path(config, workdir, steps=args.steps)
+  model, tok, _ = load_trained(workdir)
+  print("\n[demo] HumanEval completions (greedy AR):")
+  args.workdir, args.json = str(workdir), args.json or str(CACHE / "demo" / "bench.json")
+  import jax
+  from paraflax.decoding.generate import generate
+  prompts = humaneval_prompts(tok, 3, 192)
+  out = jax.device_get(generate(model, prompts, max_new_tokens=48, eos_id=tok.eos_id))
+  for p, row, n in zip(prompts, out.tokens, out.lengths):
+    print("-" * 60 + "\n" + tok.decode(p[-60:]) + "\033[1m" + tok.decode(row[:n].tolist())
+          + "\033[0m")
+  print("\n[demo] bench on HumanEval prompts:")
+  cmd_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="paraflax", description="Exact, batched, compile-once "
+                              "parallel decoding for language models (JAX/Flax).")
+  sub = p.add_subparsers(dest="command", required=True)
+
+  t = sub.add_parser("train", help="train a model from a config file (resumes from --workdir)")
+  t.add_argument("--config", required=True, help="Python file exposing get_config()")
+  t.add_argument("--workdir", required=True)
+  t.add_argument("--steps", type=int, default=None)
+  t.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                 help="dotted config override, repeatable (e.g. optim.peak_lr=1e-3)")
+  t.set_defaults(fn=cmd_train)
+
+  def sampling_flags(q):
+    q.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    q.add_argument("--top-k", type=int, default=0)
+    q.add_argument("--top-p", type=float, default=1.0)
+    q.add_argument("--seed", type=int, default=0)
+
+  g = sub.add_parser("generate", help="complete a text prompt with a trained model")
+  g.add_argument("--workdir", required=True, help="a training workdir")
+  g.add_argument("--prompt", required=True)
+  g.add_argument("--max-new-tokens", type=int, default=64)
+  sampling_flags(g)
+  g.set_defaults(fn=cmd_generate)
+
+  def bench_flags(q):
+    q.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts")
+    q.add_argument("--max-new-tokens", type=int, default=64)
+    q.add_argument("--max-prompt-tokens", type=int, default=192)
+    q.add_argument("--batch-size", type=int, default=4)
+    q.add_argument("--json", default=None, help="write per-method results to this file")
+
+  b = sub.add_parser("bench", help="every method side by side on HumanEval prompts")
+  b.add_argument("--workdir", required=True, help="a training workdir")
+  bench_flags(b)
+  b.set_defaults(fn=cmd_bench)
+
+  d = sub.add_parser("demo", help="train (or reuse) the tiny models, then bench them")
+  d.add_argument("--retrain", action="store_true", help="retrain from scratch")
+  d.add_argument("--steps", type=int, default=None, help="override the training steps")
+  bench_flags(d)
+  d.set_defaults(fn=cmd_demo)
+  return p
+
+
+def main(argv=None) -> int:
+  args = build_parser().parse_args(argv)
+  import jax  # later runs of the same shapes skip XLA compilation
+  jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  try:
+    args.fn(args)
+  except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
+    print(f"paraflax {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,110 @@
+"""`paraflax bench`: every method on the same prompts, warm, in one process.
+
+Per method: tokens per forward (generated tokens / all target forwards, prefill included),
+tokens/s (warm; compile time reported separately), speedup vs the AR baseline of the same
+model, and greedy exact match vs AR. Writes the JSON of DESIGN.md §6 (one object per method).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from paraflax.decoding.autoregressive import AR
+from paraflax.decoding.generate import generate
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  name: str
+  decoder: object
+  settings: str = ""
+  draft_model: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  method: str
+  settings: str
+  tokens: int
+  forwards: int
+  draft_forwards: int
+  tokens_per_forward: float
+  tokens_per_second: float
+  compile_seconds: float
+  speedup_vs_ar: float
+  exact_match_vs_ar: float | None  # fraction of rows identical to greedy AR (greedy only)
+
+
+def _batches(prompts, batch_size):
+  for i in range(0, len(prompts), batch_size):
+    chunk = prompts[i:i + batch_size]
+    yield chunk + [chunk[-1]] * (batch_size - len(chunk)), len(chunk)  # fixed batch shape
+
+
+def _run(model, prompts, method, max_new_tokens, batch_size, eos_id, max_prompt_len):
+  """All prompts through one method; returns (token rows, totals, seconds)."""
+  outs, tokens, forwards, drafts, seconds = [], 0, 0, 0, 0.0
+  for batch, real in _batches(prompts, batch_size):
+    t0 = time.perf_counter()
+    out = generate(model, batch, decoder=method.decoder, max_new_tokens=max_new_tokens,
+                   rng=jax.random.key(len(outs)), eos_id=eos_id, draft_model=method.draft_model,
+                   max_prompt_len=max_prompt_len)
+    out = jax.device_get(out)
+    seconds += time.perf_counter() - t0
+    for r in range(real):
+      outs.append(out.tokens[r, :out.lengths[r]].tolist())
+    tokens += int(out.lengths[:real].sum())
+    forwards += int(out.forwards[:real].sum() + out.prefill_forwards[:real].sum())
+    drafts += int(out.draft_forwards[:real].sum())
+  return outs, tokens, forwards, drafts, seconds
+
+
+def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
+              max_new_tokens: int = 64, batch_size: int = 4, eos_id: int | None = None,
+              max_prompt_len: int | None = None) -> list[Row]:
+  """Bench `methods` (AR first is added if missing) on tokenised `prompts`."""
+  if not methods or methods[0].name != "ar":
+    methods = [Method("ar", AR(), "greedy")] + list(methods)
+  max_prompt_len = max_prompt_len or max(len(p) for p in prompts)
+  rows, ar_outs, ar_tps = [], None, None
+  for method in methods:
+    t0 = time.perf_counter()  # warm-up on the first batch: compile (and one run)
+    _run(model, prompts[:batch_size], method, max_new_tokens, batch_size, eos_id, max_prompt_len)
+    warm = time.perf_counter() - t0
+    outs, tokens, forwards, drafts, seconds = _run(model, prompts, method, max_new_tokens,
+                                                   batch_size, eos_id, max_prompt_len)
+    tps = tokens / seconds
+    if ar_outs is None:
+      ar_outs, ar_tps = outs, tps
+    greedy = getattr(getattr(method.decoder, "sampler", None), "greedy", True)
+    exact = float(np.mean([a == b for a, b in zip(outs, ar_outs)])) if greedy else None
+    rows.append(Row(method.name, method.settings, tokens, forwards, drafts, tokens / forwards,
+                    tps, max(warm - seconds * batch_size / len(prompts), 0.0), tps / ar_tps,
+                    exact))
+  return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+  head = (f"{'method':<12} {'settings':<16} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
+          f"{'speedup':>8} {'exact':>6} {'compile s':>9}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"
+    lines.append(f"{r.method:<12} {r.settings:<16} {r.tokens_per_forward:>8.2f} "
+                 f"{r.draft_forwards:>9d} {r.tokens_per_second:>9.1f} {r.speedup_vs_ar:>7.2f}x "
+                 f"{exact:>6} {r.compile_seconds:>9.1f}")
+  return "\n".join(lines)
+
+
+def write_json(rows: Sequence[Row], path: str | Path, meta: dict | None = None) -> Path:
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps([{**dataclasses.asdict(r), **(meta or {})} for r in rows], indent=2))
+  return path

@@ -1,0 +1,188 @@
+"""Training configuration: frozen dataclasses, JSON round trip, dotted overrides, config files.
+
+A config file is a Python file exposing `get_config() -> TrainConfig` (see `configs/`).
+Variants: `dataclasses.replace`, or `apply_overrides(cfg, {"optim.peak_lr": 1e-3})`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from paraflax.config import ModelConfig
+from paraflax.data.pipeline import DataConfig
+
+VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW with linear warmup, cosine decay to `end_lr_fraction * peak_lr`, global-norm clip."""
+
+  peak_lr: float = 3e-3
+  warmup_steps: int = 100
+  total_steps: int | None = None  # decay horizon; None: TrainConfig.steps
+  end_lr_fraction: float = 0.1
+  weight_decay: float = 0.1  # on matrices only (ndim >= 2), not norms or biases
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  grad_clip_norm: float | None = 1.0  # None: no clipping
+
+  def __post_init__(self):
+    if not self.peak_lr > 0:
+      raise ValueError(f"optim.peak_lr must be > 0, got {self.peak_lr}")
+    if self.warmup_steps < 0:
+      raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+    if self.total_steps is not None and self.total_steps < 1:
+      raise ValueError(f"optim.total_steps must be >= 1 or None, got {self.total_steps}")
+    if not 0.0 <= self.end_lr_fraction <= 1.0:
+      raise ValueError(f"optim.end_lr_fraction must be in [0, 1], got {self.end_lr_fraction}")
+    if self.weight_decay < 0:
+      raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+    for name in ("b1", "b2"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+    if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+      raise ValueError(f"optim.grad_clip_norm must be > 0 or None, got {self.grad_clip_norm}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """One training run: model, data, optimiser, loop cadence and objective.
+
+  `steps` is the run length; `max_steps` of `train` may stop earlier without changing
+  the learning-rate schedule. `objective` names a function in `objectives.OBJECTIVES`;
+  `objective_args` are keyword arguments for it (a mapping, stored as sorted pairs so the
+  config stays hashable; values must be JSON-serialisable).
+  """
+
+  model: ModelConfig
+  data: DataConfig
+  optim: OptimConfig = OptimConfig()
+  steps: int = 1000
+  eval_every: int = 100
+  eval_batches: int | None = 16  # None: the whole validation split
+  checkpoint_every: int = 100
+  keep_checkpoints: int = 2
+  seed: int = 0
+  log_every: int = 10
+  objective: str = "ar"
+  objective_args: Any = ()  # Mapping[str, Any] or pairs -> tuple[tuple[str, Any], ...]
+
+  def __post_init__(self):
+    for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.eval_batches is not None and self.eval_batches < 1:
+      raise ValueError(f"TrainConfig.eval_batches must be >= 1 or None, got {self.eval_batches}")
+    if not 0 <= self.seed < 2**31:
+      raise ValueError(f"TrainConfig.seed must be in [0, 2**31), got {self.seed}")
+    if self.data.seq_len > self.model.max_seq_len:
+      raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
+                       f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "
+                       "model.max_seq_len")
+    if self.data.vocab_size > self.model.vocab_size:
+      raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
+                       f"model.vocab_size={self.model.vocab_size}")
+    args = self.objective_args
+    pairs = tuple(sorted((dict(args) if not isinstance(args, Mapping) else args).items()))
+    object.__setattr__(self, "objective_args", pairs)
+    from paraflax.training.objectives import OBJECTIVES  # registry filled at import
+    if self.objective not in OBJECTIVES:
+      raise ValueError(f"unknown objective {self.objective!r}; registered: {sorted(OBJECTIVES)}")
+
+  @property
+  def schedule_steps(self) -> int:
+    """The learning-rate schedule's horizon."""
+    return self.optim.total_steps if self.optim.total_steps is not None else self.steps
+
+  def check_tokenizer(self, tokenizer) -> None:
+    """Raise if the tokenizer's ids do not fit the model's embedding table."""
+    if tokenizer.vocab_size > self.model.vocab_size:
+      raise ValueError(f"{VOCAB_MISMATCH}: the tokenizer has {tokenizer.vocab_size} ids but "
+                       f"model.vocab_size={self.model.vocab_size}")
+
+  def to_dict(self) -> dict:
+    """JSON-serialisable nested dict (`from_dict` inverts it)."""
+    d = dataclasses.asdict(self)
+    d["objective_args"] = dict(self.objective_args)
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Mapping) -> TrainConfig:
+    d = dict(d)
+    return cls(model=ModelConfig(**d.pop("model")), data=DataConfig(**d.pop("data")),
+               optim=OptimConfig(**d.pop("optim")), **d)
+
+
+# Fields that do not change what is trained: they may differ when a run resumes.
+RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
+                         "keep_checkpoints", "log_every", "data.cache_dir", "data.progress"})
+
+
+def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, Mapping) and k != "objective_args":
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def config_differences(saved: TrainConfig, given: TrainConfig) -> list[str]:
+  """Fields (dotted) that change what is trained, as 'field: saved vs given' lines."""
+  a, b = _flatten(saved.to_dict()), _flatten(given.to_dict())
+  a["optim.total_steps"], b["optim.total_steps"] = saved.schedule_steps, given.schedule_steps
+  return [f"{k}: {a.get(k)!r} (saved) vs {b.get(k)!r} (given)"
+          for k in sorted(set(a) | set(b)) if k not in RUN_CONTROL and a.get(k) != b.get(k)]
+
+
+def _parse(value: Any) -> Any:
+  if not isinstance(value, str):
+    return value
+  try:
+    return ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return value  # a bare string such as a path
+
+
+def apply_overrides(cfg, overrides: Mapping[str, Any] | None):
+  """`dataclasses.replace` by dotted names: `{"data.cache_dir": "/tmp/c", "steps": "50"}`.
+
+  String values are parsed as Python literals when they are one ("1e-3", "None", "(1, 2)").
+  """
+  for key, value in (overrides or {}).items():
+    cfg = _replace_path(cfg, key.split("."), _parse(value), key)
+  return cfg
+
+
+def _replace_path(obj, path: list[str], value: Any, key: str):
+  names = {f.name for f in dataclasses.fields(obj)}
+  if path[0] not in names:
+    raise ValueError(f"unknown config field {key!r}: {type(obj).__name__} has {sorted(names)}")
+  if len(path) > 1:
+    value = _replace_path(getattr(obj, path[0]), path[1:], value, key)
+  return dataclasses.replace(obj, **{path[0]: value})
+
+
+def load_config(path: str | os.PathLike) -> TrainConfig:
+  """Import a config file by path and return its `get_config()`."""
+  path = Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"config file {str(path)!r} not found")
+  spec = importlib.util.spec_from_file_location(f"paraflax_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"config file {str(path)!r} defines no get_config()")
+  cfg = module.get_config()
+  if not isinstance(cfg, TrainConfig):
+    raise ValueError(f"{path}: get_config() returned {type(cfg).__name__}, expected TrainConfig")
+  return cfg

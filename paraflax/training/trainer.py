@@ -1,0 +1,266 @@
+"""The training loop: one jitted pure step, periodic validation, resumable checkpoints.
+
+`train(cfg, workdir)` writes into `workdir`:
+    config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
+    tokenizer.json  the tokenizer the data was encoded with
+    metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
+    loss.png        training and validation loss against step
+    checkpoints/    params + optimizer state + data-iterator state per saved step
+and resumes from the latest checkpoint there when one exists. Step `s` (0-based) consumes
+the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a resumed run
+repeats an uninterrupted one exactly (no RNG state is saved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from paraflax.data.pipeline import prepare_stdlib, train_iterator, validation_batches
+from paraflax.config import ModelConfig
+from paraflax.data.tokenizer import Tokenizer
+from paraflax.model import Transformer
+from paraflax.training import optim
+from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
+from paraflax.training.config import TrainConfig, apply_overrides, config_differences, load_config
+from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
+from paraflax.training.objectives import get_objective
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+
+
+def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx):
+  """One optimizer update. Pure: returns (params, opt_state, metrics of scalars)."""
+  def objective(p):
+    return loss_fn(nnx.merge(graphdef, p), batch, rng)
+
+  (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
+def eval_step(graphdef, params, batch, rng, *, loss_fn):
+  """The objective's loss on one batch (no gradients)."""
+  return loss_fn(nnx.merge(graphdef, params), batch, rng)[0]
+
+
+def evaluate(model: nnx.Module, batches, loss_fn, rng: jax.Array) -> float:
+  """Mean loss of `model` over equally sized `batches` (what validation logs)."""
+  graphdef, params = nnx.split(model, nnx.Param)
+  step = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
+  return _mean_loss(step, params, batches, rng)
+
+
+def _mean_loss(step, params, batches, rng) -> float:
+  total = sum(step(params, b, rng) for b in batches)
+  return float(total) / len(batches)
+
+
+class _Meter:
+  """Tokens per second of training time (compilation, validation, saving excluded)."""
+
+  def __init__(self):
+    self.tokens, self.seconds, self.total_tokens, self.total_s = 0, 0.0, 0, 0.0
+    self._t = 0.0
+
+  def start(self):
+    self._t = time.perf_counter()
+
+  def stop(self):
+    self.seconds += time.perf_counter() - self._t
+
+  @contextlib.contextmanager
+  def paused(self):
+    self.stop()
+    yield
+    self.start()
+
+  def rate(self) -> float:
+    """Throughput since the last call (call after a device sync)."""
+    self.stop()
+    rate = self.tokens / max(self.seconds, 1e-9)
+    self.total_tokens, self.total_s = self.total_tokens + self.tokens, self.total_s + self.seconds
+    self.tokens, self.seconds = 0, 0.0
+    self.start()
+    return rate
+
+
+def init_params(model_cfg: ModelConfig, seed: int):
+  """(graphdef, params) of a freshly initialised Transformer, built in one compiled call.
+
+  The init key uses the `rbg` PRNG: XLA:CPU compiles a threefry sampler per parameter
+  (~0.2 s each), rbg costs a third of that. Training keys stay threefry (portable).
+  """
+  def init(k):
+    return nnx.split(Transformer(model_cfg, rngs=nnx.Rngs(params=k)), nnx.Param)[1]
+
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))),
+                          nnx.Param)
+  return graphdef, jax.jit(init)(jax.random.key(seed, impl="rbg"))
+
+
+def _keys(seed: int):
+  """(per-step training, validation) keys, derived from the seed."""
+  return jax.random.split(jax.random.key(seed), 2)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps(obj, indent=2) + "\n")
+  os.replace(tmp, path)
+
+
+def _check_workdir(cfg: TrainConfig, workdir: Path, tokenizer: Tokenizer) -> None:
+  """Refuse to resume a run trained with a different config or tokenizer."""
+  if (workdir / CONFIG).is_file():
+    saved = TrainConfig.from_dict(json.loads((workdir / CONFIG).read_text()))
+    diffs = config_differences(saved, cfg)
+    if diffs:
+      raise ValueError(f"config mismatch: workdir {str(workdir)!r} holds a run with a different "
+                       "config; use a fresh workdir (or set optim.total_steps to extend a run):\n  "
+                       + "\n  ".join(diffs))
+  if (workdir / TOKENIZER).is_file():
+    saved_tok = Tokenizer.load(workdir / TOKENIZER)
+    if saved_tok.fingerprint() != tokenizer.fingerprint():
+      raise ValueError(f"config mismatch: the tokenizer in {str(workdir)!r} differs from the one "
+                       "built from the data config (did the corpus change?); use a fresh workdir")
+
+
+def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True,
+          max_steps: int | None = None) -> dict:
+  """Train (or resume) to `cfg.steps` (or `max_steps`, same schedule); return a summary dict.
+
+  Summary keys: workdir, step, start_step, train_loss, val_loss, tokens_per_s,
+  train_seconds, n_params.
+  """
+  workdir = Path(workdir).expanduser().absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  loss_fn = get_objective(cfg.objective, cfg.objective_args)
+  data_cfg = dataclasses.replace(cfg.data, progress=cfg.data.progress and progress)
+  data = prepare_stdlib(data_cfg)
+  cfg.check_tokenizer(data.tokenizer)
+  _check_workdir(cfg, workdir, data.tokenizer)
+  _write_json(workdir / CONFIG, cfg.to_dict())
+  data.tokenizer.save(workdir / TOKENIZER)
+
+  train_key, eval_key = _keys(cfg.seed)
+  graphdef, params = init_params(cfg.model, cfg.seed)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  lr = optim.schedule(cfg.optim, cfg.schedule_steps)
+  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
+  opt_state = tx.init(params)
+  it = train_iterator(data.train_tokens, cfg.data)
+  val = validation_batches(data.val_tokens, cfg.data)[:cfg.eval_batches]
+
+  ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
+  start = ckpt.latest_step() or 0
+  if start:
+    params, opt_state, data_state = ckpt.restore(start, params, opt_state)
+    it.set_state(data_state)
+  log = MetricsLog(workdir / METRICS, resume_step=start)
+  target = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
+
+  step_fn = jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
+                    donate_argnums=(0, 1))
+  eval_fn = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
+
+  def validate(step: int) -> float:
+    val_loss = _mean_loss(eval_fn, params, val, eval_key)
+    log.write({"step": step, "val_loss": val_loss, "val_batches": len(val)})
+    plot_losses(workdir)
+    return val_loss
+
+  summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
+             "val_loss": None, "tokens_per_s": None, "train_seconds": 0.0, "n_params": n_params}
+  bar = None
+  try:
+    if start == 0 and target > 0:
+      summary["val_loss"] = validate(0)
+    compiled, meter = None, _Meter()
+    for step in range(start, target):
+      batch = next(it)
+      rng = jax.random.fold_in(train_key, step)
+      if compiled is None:  # compile ahead so throughput and the ETA exclude it
+        compiled = step_fn.lower(params, opt_state, batch, rng).compile()
+        bar = tqdm(total=target, initial=start, desc="train", unit="step",
+                   disable=not progress, dynamic_ncols=True)
+        meter.start()
+      params, opt_state, metrics = compiled(params, opt_state, batch, rng)
+      meter.tokens += math.prod(batch["tokens"].shape)
+      done = step + 1
+      if done % cfg.log_every == 0 or done == target:
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        tps = meter.rate()
+        log.write({"step": done, **metrics, "lr": float(lr(step)), "tokens_per_s": tps,
+                   "batch_fingerprint": batch_fingerprint(batch["tokens"])})
+        summary["train_loss"] = metrics["loss"]
+        val_str = "-" if summary["val_loss"] is None else f"{summary['val_loss']:.3f}"
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", val=val_str, tok_s=f"{tps:,.0f}")
+      if done % cfg.eval_every == 0 or done == target:
+        with meter.paused():  # validation and saving are not training time
+          summary["val_loss"] = validate(done)
+      if done % cfg.checkpoint_every == 0 or done == target:
+        with meter.paused():
+          ckpt.save(done, params, opt_state, it.get_state())
+      bar.update(1)
+      summary["step"] = done
+  finally:
+    if bar is not None:
+      bar.close()
+    log.close()
+    ckpt.close()
+  if summary["step"] > start:
+    summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
+                   train_seconds=meter.total_s)
+  return summary
+
+
+def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.PathLike,
+                           steps: int | None = None, overrides: dict | None = None, *,
+                           progress: bool = True, max_steps: int | None = None) -> dict:
+  """`train` on a config file's `get_config()`, with `steps` and dotted `overrides` applied."""
+  cfg = apply_overrides(load_config(config_path), overrides)
+  if steps is not None:
+    cfg = dataclasses.replace(cfg, steps=steps)
+  return train(cfg, workdir, progress=progress, max_steps=max_steps)
+
+
+def load_trained(workdir: str | os.PathLike, step: int | None = None):
+  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint."""
+  workdir = Path(workdir).expanduser()
+  if not workdir.is_dir():
+    raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")
+  for name in (CONFIG, TOKENIZER):
+    if not (workdir / name).is_file():
+      raise FileNotFoundError(f"{str(workdir / name)!r} not found: {str(workdir)!r} is not a "
+                              "paraflax training workdir")
+  cfg = TrainConfig.from_dict(json.loads((workdir / CONFIG).read_text()))
+  tokenizer = Tokenizer.load(workdir / TOKENIZER)
+  steps = []
+  if (workdir / CHECKPOINTS).is_dir():
+    ckpt = Checkpoints(workdir, create=False)
+    steps = list(ckpt.all_steps())
+  if not steps or (step is not None and step not in steps):
+    what = "no checkpoint" if not steps else f"no checkpoint of step {step} (saved: {steps})"
+    raise FileNotFoundError(f"{what} in {str(workdir / CHECKPOINTS)!r}")
+  step = max(steps) if step is None else step
+  graphdef, params_like = nnx.split(
+      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
+  params = ckpt.restore_params(step, params_like)
+  ckpt.close()
+  return nnx.merge(graphdef, params), tokenizer, cfg

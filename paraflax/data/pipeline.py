@@ -27,115 +27,118 @@ from paraflax.data.tokenizer import Tokenizer, load_or_train
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """What to read, how to cut it, and where to cache it."""
+  """What to read, how to cut it, and where to cache it."""
 
-    seq_len: int = 256
-    batch_size: int = 16
-    seed: int = 0
-    vocab_size: int = 2048  # tokenizer trained on the train split when none is given
-    val_fraction: float = 0.05  # share of corpus files held out, by file
-    cache_dir: str = "~/.cache/paraflax/data"
-    max_files: int | None = None  # per split; None: the whole corpus
-    progress: bool = True  # tqdm bars while tokenizing
+  seq_len: int = 256
+  batch_size: int = 16
+  seed: int = 0
+  vocab_size: int = 2048  # tokenizer trained on the train split when none is given
+  val_fraction: float = 0.05  # share of corpus files held out, by file
+  cache_dir: str = "~/.cache/paraflax/data"
+  max_files: int | None = None  # per split; None: the whole corpus
+  progress: bool = True  # tqdm bars while tokenizing
 
-    def __post_init__(self):
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.max_files is not None and self.max_files < 1:
-            raise ValueError(f"max_files must be a positive integer or None, got {self.max_files}")
+  def __post_init__(self):
+    if self.seq_len < 2:
+      raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if not 0 <= self.seed < 2**32:
+      raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+    if not 0.0 <= self.val_fraction < 1.0:
+      raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+    if self.max_files is not None and self.max_files < 1:
+      raise ValueError(f"max_files must be a positive integer or None, got {self.max_files}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Data:
-    """A tokenizer and the token streams of both splits (EOS after every document)."""
+  """A tokenizer and the token streams of both splits (EOS after every document)."""
 
-    tokenizer: Tokenizer
-    train_tokens: np.ndarray  # int32 [N_train]
-    val_tokens: np.ndarray  # int32 [N_val]
+  tokenizer: Tokenizer
+  train_tokens: np.ndarray  # int32 [N_train]
+  val_tokens: np.ndarray  # int32 [N_val]
 
 
 def _shuffle_seed(seed: int) -> int:
-    # grain shuffles epoch e with seed + e, so seeds s and s+1 would give the same
-    # epochs shifted by one. Hashing the user seed keeps different seeds unrelated.
-    digest = hashlib.sha1(f"paraflax-shuffle-{seed}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
+  # grain shuffles epoch e with seed + e, so seeds s and s+1 would give the same
+  # epochs shifted by one. Hashing the user seed keeps different seeds unrelated.
+  digest = hashlib.sha1(f"paraflax-shuffle-{seed}".encode()).digest()
+  return int.from_bytes(digest[:4], "little")
 
 
 def _as_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
-    return {"tokens": np.asarray(tokens, np.int32)}  # [B, L]
+  return {"tokens": np.asarray(tokens, np.int32)}  # [B, L]
 
 
 _READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)  # in-memory rows: no threads
 
 
-def train_dataset(
-    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int
-) -> grain.MapDataset:
-    """Infinite, shuffled, batched packed rows of a token stream. Items: {"tokens": [B, L]}."""
-    rows = pack(tokens, seq_len)  # [R, L]
-    return (
-        grain.MapDataset.source(rows)
-        .shuffle(seed=_shuffle_seed(seed))
-        .repeat(None)
-        .batch(batch_size, drop_remainder=True)
-        .map(_as_batch)
-    )
+def train_dataset(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int) -> grain.MapDataset:
+  """Infinite, shuffled, batched packed rows of a token stream. Items: {"tokens": [B, L]}."""
+  rows = pack(tokens, seq_len)  # [R, L]
+  return (
+    grain.MapDataset.source(rows)
+    .shuffle(seed=_shuffle_seed(seed))
+    .repeat(None)
+    .batch(batch_size, drop_remainder=True)
+    .map(_as_batch)
+  )
 
 
 def train_iterator(tokens: np.ndarray, cfg: DataConfig) -> grain.DatasetIterator:
-    """Checkpointable iterator over `train_dataset` (state: `it.get_state()`)."""
-    ds = train_dataset(tokens, cfg.seq_len, cfg.batch_size, cfg.seed)
-    return iter(ds.to_iter_dataset(_READ))
+  """Checkpointable iterator over `train_dataset` (state: `it.get_state()`)."""
+  ds = train_dataset(tokens, cfg.seq_len, cfg.batch_size, cfg.seed)
+  return iter(ds.to_iter_dataset(_READ))
 
 
 def validation_dataset(tokens: np.ndarray, seq_len: int, batch_size: int) -> grain.MapDataset:
-    """Finite, unshuffled batches of packed rows: `len(ds)` batches, `ds[i]` is one."""
-    rows = pack(tokens, seq_len)  # [R, L]
-    if len(rows) < batch_size:
-        raise ValueError(
-            f"validation stream has {len(rows)} rows of {seq_len} tokens, fewer than one "
-            f"batch of {batch_size}: raise val_fraction or lower batch_size/seq_len"
-        )
-    return grain.MapDataset.source(rows).batch(batch_size, drop_remainder=True).map(_as_batch)
+  """Finite, unshuffled batches of packed rows: `len(ds)` batches, `ds[i]` is one."""
+  rows = pack(tokens, seq_len)  # [R, L]
+  if len(rows) < batch_size:
+    raise ValueError(
+      f"validation stream has {len(rows)} rows of {seq_len} tokens, fewer than one "
+      f"batch of {batch_size}: raise val_fraction or lower batch_size/seq_len"
+    )
+  return grain.MapDataset.source(rows).batch(batch_size, drop_remainder=True).map(_as_batch)
 
 
 def validation_batches(tokens: np.ndarray, cfg: DataConfig) -> list[dict[str, np.ndarray]]:
-    """All validation batches, in order (small: held in memory; reuse for each evaluation)."""
-    ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size)
-    return [ds[i] for i in range(len(ds))]  # direct indexing: no reader threads
+  """All validation batches, in order (small: held in memory; reuse for each evaluation)."""
+  ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size)
+  return [ds[i] for i in range(len(ds))]  # direct indexing: no reader threads
 
 
 def prepare_documents(
-    train_docs: Sequence[str],
-    val_docs: Sequence[str],
-    cfg: DataConfig,
-    *,
-    tokenizer: Tokenizer | None = None,
-    name: str = "docs",
+  train_docs: Sequence[str],
+  val_docs: Sequence[str],
+  cfg: DataConfig,
+  *,
+  tokenizer: Tokenizer | None = None,
+  name: str = "docs",
 ) -> Data:
-    """Tokenize both splits (cached); train a tokenizer on `train_docs` if none is given."""
-    cache = Path(cfg.cache_dir).expanduser()
-    if tokenizer is None:
-        # Key the tokenizer by the training text itself so a changed corpus retrains.
-        digest = hashlib.sha1("\0".join(train_docs).encode("utf-8")).hexdigest()[:12]
-        tokenizer = load_or_train(
-            cache, lambda: train_docs, cfg.vocab_size, name=f"{name}-{digest}",
-            progress=cfg.progress,
-        )
-    train = token_stream(train_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing train")
-    val = token_stream(val_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing validation")
-    return Data(tokenizer, train, val)
+  """Tokenize both splits (cached); train a tokenizer on `train_docs` if none is given."""
+  cache = Path(cfg.cache_dir).expanduser()
+  if tokenizer is None:
+    # Key the tokenizer by the training text itself so a changed corpus retrains.
+    digest = hashlib.sha1("\0".join(train_docs).encode("utf-8")).hexdigest()[:12]
+    tokenizer = load_or_train(
+      cache,
+      lambda: train_docs,
+      cfg.vocab_size,
+      name=f"{name}-{digest}",
+      progress=cfg.progress,
+    )
+  train = token_stream(train_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing train")
+  val = token_stream(
+    val_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing validation"
+  )
+  return Data(tokenizer, train, val)
 
 
 def prepare_stdlib(cfg: DataConfig, *, tokenizer: Tokenizer | None = None) -> Data:
-    """`prepare_documents` on the standard-library corpus split by `cfg.val_fraction`."""
-    train_docs = corpus.stdlib_documents("train", cfg.val_fraction, cfg.max_files)
-    val_docs = corpus.stdlib_documents("validation", cfg.val_fraction, cfg.max_files)
-    name = corpus.corpus_name(cfg.val_fraction, cfg.max_files)
-    return prepare_documents(train_docs, val_docs, cfg, tokenizer=tokenizer, name=name)
+  """`prepare_documents` on the standard-library corpus split by `cfg.val_fraction`."""
+  train_docs = corpus.stdlib_documents("train", cfg.val_fraction, cfg.max_files)
+  val_docs = corpus.stdlib_documents("validation", cfg.val_fraction, cfg.max_files)
+  name = corpus.corpus_name(cfg.val_fraction, cfg.max_files)
+  return prepare_documents(train_docs, val_docs, cfg, tokenizer=tokenizer, name=name)

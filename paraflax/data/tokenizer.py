@@ -29,150 +29,152 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte + the specials
 
 
 class Tokenizer:
-    """Thin wrapper over a `tokenizers.Tokenizer` exposing the ids the library needs.
+  """Thin wrapper over a `tokenizers.Tokenizer` exposing the ids the library needs.
 
-    `pad_id`, `eos_id`, `mask_id`, `sep_id` are ints, or None when the wrapped
-    vocabulary has no such token (common for Hugging Face checkpoints' tokenizers).
+  `pad_id`, `eos_id`, `mask_id`, `sep_id` are ints, or None when the wrapped
+  vocabulary has no such token (common for Hugging Face checkpoints' tokenizers).
+  """
+
+  def __init__(
+    self,
+    hf: tokenizers.Tokenizer,
+    *,
+    special_tokens: Mapping[str, str] | None = None,
+    encode_special_tokens: bool = True,
+  ):
+    roles = dict(_ROLES)
+    for role, token in (special_tokens or {}).items():
+      if role not in _ROLES:
+        raise ValueError(f"unknown special-token role {role!r}; expected {sorted(_ROLES)}")
+      roles[role] = token
+    self._hf = hf
+    # Not stored in tokenizer.json, so it is set on every load.
+    self._hf.encode_special_tokens = encode_special_tokens
+    self.pad_id: int | None = hf.token_to_id(roles["pad"])
+    self.eos_id: int | None = hf.token_to_id(roles["eos"])
+    self.mask_id: int | None = hf.token_to_id(roles["mask"])
+    self.sep_id: int | None = hf.token_to_id(roles["sep"])
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, special tokens included (max id + 1)."""
+    return self._hf.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def backend(self) -> tokenizers.Tokenizer:
+    """The wrapped `tokenizers.Tokenizer`."""
+    return self._hf
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (no BOS/EOS added)."""
+    if not isinstance(text, str):
+      raise ValueError(f"encode expects a str, got {type(text).__name__}")
+    return self._hf.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` over many texts (parallel in Rust)."""
+    return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    """Text of `ids`; special tokens appear as their strings unless skipped."""
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+    return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+  def fingerprint(self) -> str:
+    """sha1 of the serialized tokenizer: equal fingerprints encode identically."""
+    return hashlib.sha1(self._hf.to_str().encode("utf-8")).hexdigest()
+
+  def save(self, path: str | os.PathLike) -> Path:
+    """Write `tokenizer.json` (to `path`, or into it if it is a directory)."""
+    path = Path(path)
+    if path.is_dir():
+      path = path / "tokenizer.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    self._hf.save(str(tmp))
+    os.replace(tmp, path)  # atomic: readers never see a half-written file
+    return path
+
+  @classmethod
+  def from_file(
+    cls,
+    path: str | os.PathLike,
+    *,
+    special_tokens: Mapping[str, str] | None = None,
+    encode_special_tokens: bool = True,
+  ) -> Tokenizer:
+    """Wrap any `tokenizers` JSON file (ours or a Hugging Face checkpoint's).
+
+    `special_tokens` maps roles to token strings, e.g. `{"eos": "<|endoftext|>"}`.
+    Pass `encode_special_tokens=False` where text must parse special tokens
+    (chat templates); the exact round trip then excludes those strings.
     """
+    path = Path(path)
+    if path.is_dir():
+      path = path / "tokenizer.json"
+    if not path.is_file():
+      raise FileNotFoundError(f"tokenizer file {str(path)!r} not found")
+    try:
+      hf = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises a bare Exception
+      raise ValueError(f"{path}: not a valid tokenizers JSON file ({e})") from None
+    return cls(hf, special_tokens=special_tokens, encode_special_tokens=encode_special_tokens)
 
-    def __init__(
-        self,
-        hf: tokenizers.Tokenizer,
-        *,
-        special_tokens: Mapping[str, str] | None = None,
-        encode_special_tokens: bool = True,
-    ):
-        roles = dict(_ROLES)
-        for role, token in (special_tokens or {}).items():
-            if role not in _ROLES:
-                raise ValueError(f"unknown special-token role {role!r}; expected {sorted(_ROLES)}")
-            roles[role] = token
-        self._hf = hf
-        # Not stored in tokenizer.json, so it is set on every load.
-        self._hf.encode_special_tokens = encode_special_tokens
-        self.pad_id: int | None = hf.token_to_id(roles["pad"])
-        self.eos_id: int | None = hf.token_to_id(roles["eos"])
-        self.mask_id: int | None = hf.token_to_id(roles["mask"])
-        self.sep_id: int | None = hf.token_to_id(roles["sep"])
+  load = from_file
 
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids, special tokens included (max id + 1)."""
-        return self._hf.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def backend(self) -> tokenizers.Tokenizer:
-        """The wrapped `tokenizers.Tokenizer`."""
-        return self._hf
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (no BOS/EOS added)."""
-        if not isinstance(text, str):
-            raise ValueError(f"encode expects a str, got {type(text).__name__}")
-        return self._hf.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """`encode` over many texts (parallel in Rust)."""
-        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; special tokens appear as their strings unless skipped."""
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def fingerprint(self) -> str:
-        """sha1 of the serialized tokenizer: equal fingerprints encode identically."""
-        return hashlib.sha1(self._hf.to_str().encode("utf-8")).hexdigest()
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write `tokenizer.json` (to `path`, or into it if it is a directory)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        self._hf.save(str(tmp))
-        os.replace(tmp, path)  # atomic: readers never see a half-written file
-        return path
-
-    @classmethod
-    def from_file(
-        cls,
-        path: str | os.PathLike,
-        *,
-        special_tokens: Mapping[str, str] | None = None,
-        encode_special_tokens: bool = True,
-    ) -> Tokenizer:
-        """Wrap any `tokenizers` JSON file (ours or a Hugging Face checkpoint's).
-
-        `special_tokens` maps roles to token strings, e.g. `{"eos": "<|endoftext|>"}`.
-        Pass `encode_special_tokens=False` where text must parse special tokens
-        (chat templates); the exact round trip then excludes those strings.
-        """
-        path = Path(path)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {str(path)!r} not found")
-        try:
-            hf = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as e:  # the Rust side raises a bare Exception
-            raise ValueError(f"{path}: not a valid tokenizers JSON file ({e})") from None
-        return cls(hf, special_tokens=special_tokens, encode_special_tokens=encode_special_tokens)
-
-    load = from_file
-
-    def __repr__(self) -> str:
-        return (
-            f"Tokenizer(vocab_size={self.vocab_size}, pad_id={self.pad_id}, "
-            f"eos_id={self.eos_id}, mask_id={self.mask_id}, sep_id={self.sep_id})"
-        )
+  def __repr__(self) -> str:
+    return (
+      f"Tokenizer(vocab_size={self.vocab_size}, pad_id={self.pad_id}, "
+      f"eos_id={self.eos_id}, mask_id={self.mask_id}, sep_id={self.sep_id})"
+    )
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, progress: bool = False
+  texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, progress: bool = False
 ) -> Tokenizer:
-    """Train a byte-level BPE with the four specials at ids 0..3 (deterministic)."""
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + 4 specials), got {vocab_size}")
-    hf = tokenizers.Tokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: no <unk>
-        show_progress=progress,
+  """Train a byte-level BPE with the four specials at ids 0..3 (deterministic)."""
+  if vocab_size < MIN_VOCAB_SIZE:
+    raise ValueError(
+      f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + 4 specials), got {vocab_size}"
     )
-    hf.train_from_iterator(texts, trainer)
-    tok = Tokenizer(hf)
-    ids = (tok.pad_id, tok.eos_id, tok.mask_id, tok.sep_id)
-    if ids != (0, 1, 2, 3):
-        raise RuntimeError(f"special tokens got ids {ids}, expected (0, 1, 2, 3)")
-    return tok
+  hf = tokenizers.Tokenizer(models.BPE())
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  hf.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    min_frequency=min_frequency,
+    special_tokens=list(SPECIAL_TOKENS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: no <unk>
+    show_progress=progress,
+  )
+  hf.train_from_iterator(texts, trainer)
+  tok = Tokenizer(hf)
+  ids = (tok.pad_id, tok.eos_id, tok.mask_id, tok.sep_id)
+  if ids != (0, 1, 2, 3):
+    raise RuntimeError(f"special tokens got ids {ids}, expected (0, 1, 2, 3)")
+  return tok
 
 
 def load_or_train(
-    cache_dir: str | os.PathLike,
-    texts_fn: Callable[[], Iterable[str]],
-    vocab_size: int,
-    *,
-    name: str = "corpus",
-    progress: bool = True,
+  cache_dir: str | os.PathLike,
+  texts_fn: Callable[[], Iterable[str]],
+  vocab_size: int,
+  *,
+  name: str = "corpus",
+  progress: bool = True,
 ) -> Tokenizer:
-    """Load `<cache_dir>/tokenizer-<name>-v<vocab_size>.json`, or train on `texts_fn()` and save.
+  """Load `<cache_dir>/tokenizer-<name>-v<vocab_size>.json`, or train on `texts_fn()` and save.
 
-    `name` identifies the training corpus: change it when the corpus changes.
-    """
-    if not re.fullmatch(r"[A-Za-z0-9._+-]+", name):
-        raise ValueError(f"name must be filename-safe ([A-Za-z0-9._+-]+), got {name!r}")
-    path = Path(cache_dir).expanduser() / f"tokenizer-{name}-v{vocab_size}.json"
-    if path.is_file():
-        return Tokenizer.load(path)
-    tok = train_tokenizer(texts_fn(), vocab_size, progress=progress)
-    tok.save(path)
-    return tok
+  `name` identifies the training corpus: change it when the corpus changes.
+  """
+  if not re.fullmatch(r"[A-Za-z0-9._+-]+", name):
+    raise ValueError(f"name must be filename-safe ([A-Za-z0-9._+-]+), got {name!r}")
+  path = Path(cache_dir).expanduser() / f"tokenizer-{name}-v{vocab_size}.json"
+  if path.is_file():
+    return Tokenizer.load(path)
+  tok = train_tokenizer(texts_fn(), vocab_size, progress=progress)
+  tok.save(path)
+  return tok

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-CACHE = Path("~/.cache/paraflax").expanduser()
+CACHE = Path(os.environ.get("PARAFLAX_CACHE", "~/.cache/paraflax")).expanduser()
 
 
 def _sampler(args):
@@ -58,13 +59,20 @@ def humaneval_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:
   return [tok.encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
 
 
+def bench_methods():
+  """Every method the bench runs after the AR baseline."""
+  from paraflax import decoders
+  from paraflax.evaluation.bench import Method
+  return [Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
+
+
 def cmd_bench(args):
   from paraflax.evaluation import bench
   from paraflax.training import load_trained
   model, tok, _ = load_trained(args.workdir)
   max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
   prompts = humaneval_prompts(tok, args.prompts, max_prompt)
-  rows = bench.run_bench(model, prompts, [], max_new_tokens=args.max_new_tokens,
+  rows = bench.run_bench(model, prompts, bench_methods(), max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size, eos_id=tok.eos_id)
   print(bench.format_table(rows))
   if args.json:

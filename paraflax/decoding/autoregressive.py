@@ -29,13 +29,10 @@ class AR:
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
-    p = prompts.shape[1]
-    cache, logits = st.prefill(fwd, prompts, prompt_lens, self.cache_capacity(p, max_new_tokens))
-    rng, sub = jax.random.split(rng)
-    first = self.sampler.sample(sub, logits)
-    state = st.new_state((prompts.shape[0], max_new_tokens), prompt_lens, cache,
-                         st.no_pending(cache, 1, 1), self.max_steps(max_new_tokens), rng, eos_id)
-    return st.emit(state, first[:, None], jnp.ones_like(prompt_lens), record=False)
+    return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
+                    capacity=self.cache_capacity(prompts.shape[1], max_new_tokens),
+                    steps=self.max_steps(max_new_tokens), chunk=1, keep=1,
+                    sampler=self.sampler, rng=rng, eos_id=eos_id)
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft
@@ -49,5 +46,5 @@ class AR:
     rng, sub = jax.random.split(state.rng)
     nxt = self.sampler.sample(sub, logits[:, 0])
     state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
-    state = st.emit(state, nxt[:, None], jnp.ones_like(nxt))
+    state, _ = st.emit(state, nxt[:, None], jnp.ones_like(nxt))
     return state.replace(step=state.step + 1)

@@ -107,24 +107,43 @@ def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id
       eos_id=jnp.asarray(eos_id, jnp.int32), extra=extra)
 
 
-def emit(state: DecodeState, new_BxK: jax.Array, count_B: jax.Array, record=True) -> DecodeState:
-  """Append `new[b, :count[b]]` to each active row, cut at the first EOS (kept) and at the
-  buffer end; mark rows done; record the count in this iteration's trace row."""
+def start(fwd: Forward, prompts_BxP, prompt_lens_B, *, capacity: int, max_new_tokens: int,
+          steps: int, chunk: int, keep: int, sampler, rng, eos_id, extra=None) -> DecodeState:
+  """Prefill, sample the first token from the last prompt logits, and build the loop state
+  with an empty pending commit shaped for a step's chunk (`chunk` tokens, `keep` rows)."""
+  cache, logits = prefill(fwd, prompts_BxP, prompt_lens_B, capacity)
+  rng, sub = jax.random.split(rng)
+  first = sampler.sample(sub, logits)
+  state = new_state((prompts_BxP.shape[0], max_new_tokens), prompt_lens_B, cache,
+                    no_pending(cache, chunk, keep), steps, rng, eos_id, extra)
+  return emit(state, first[:, None], jnp.ones_like(prompt_lens_B), record=False)[0]
+
+
+def write_rows(buf_BxL: jax.Array, start_B: jax.Array, new_BxK: jax.Array,
+               count_B: jax.Array) -> jax.Array:
+  """buf[b, start[b] + i] = new[b, i] for i < count[b] (one scatter; the rest dropped)."""
   b, k = new_BxK.shape
+  i = jnp.arange(k)[None, :]
+  dst = jnp.where(i < count_B[:, None], start_B[:, None] + i, buf_BxL.shape[1])
+  return buf_BxL.at[jnp.arange(b)[:, None], dst].set(new_BxK, mode="drop")
+
+
+def emit(state: DecodeState, new_BxK: jax.Array, count_B: jax.Array, record=True):
+  """Append `new[b, :count[b]]` to each active row, cut at the first EOS (kept) and at the
+  buffer end; mark rows done; record this iteration's count. Returns (state, kept [B])."""
+  k = new_BxK.shape[1]
   n_max = state.tokens.shape[1]
   i = jnp.arange(k)[None, :]
   count = jnp.where(state.done, 0, jnp.minimum(count_B, n_max - state.lengths))
   is_eos = (new_BxK == state.eos_id) & (i < count[:, None])
-  first_eos = jnp.argmax(is_eos, -1)
   hit_eos = jnp.any(is_eos, -1)
-  count = jnp.where(hit_eos, first_eos + 1, count)
-  dst = jnp.where(i < count[:, None], state.lengths[:, None] + i, n_max)  # n_max: dropped
-  tokens = state.tokens.at[jnp.arange(b)[:, None], dst].set(new_BxK, mode="drop")
+  count = jnp.where(hit_eos, jnp.argmax(is_eos, -1) + 1, count)
   lengths = state.lengths + count
   accepted = state.accepted.at[state.step].add(count, mode="drop") if record else state.accepted
-  return state.replace(
-      tokens=tokens, lengths=lengths, done=state.done | hit_eos | (lengths >= n_max),
-      accepted=accepted)
+  state = state.replace(
+      tokens=write_rows(state.tokens, state.lengths, new_BxK, count), lengths=lengths,
+      done=state.done | hit_eos | (lengths >= n_max), accepted=accepted)
+  return state, count
 
 
 def last_tokens(state: DecodeState) -> jax.Array:

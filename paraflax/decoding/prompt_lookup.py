@@ -1,0 +1,96 @@
+"""Prompt-lookup decoding: draft the tokens that followed the latest earlier occurrence of
+the context's last n-gram, verify them in one forward (the free baseline HF users have)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax import masks, verify
+from paraflax.decoding import state as st
+from paraflax.sampling import Greedy
+
+
+def lookup(context_BxC: jax.Array, length_B: jax.Array, max_ngram: int, num_tokens: int):
+  """Drafts [B, num_tokens] from the most recent earlier match of the last n tokens (n from
+  max_ngram down to 1) in `context[b, :length[b]]`, and whether any n-gram matched [B].
+
+  A match must end before the context's last token (so at least one token follows it);
+  drafts past the known context repeat its last token. Vectorised over all start positions.
+  """
+  b, c = context_BxC.shape
+  starts = jnp.arange(c)
+  rows = jnp.arange(b)[:, None]
+  best = jnp.full((b,), -1, jnp.int32)  # start of the continuation
+  for n in range(1, max_ngram + 1):  # a longer n-gram overrides a shorter one
+    suffix = jnp.take_along_axis(context_BxC, jnp.maximum(length_B[:, None] - n + jnp.arange(n), 0), 1)
+    window = context_BxC[rows[:, :, None], jnp.minimum(starts[None, :, None] + jnp.arange(n), c - 1)]
+    ok = jnp.all(window == suffix[:, None, :], -1) & (starts[None] + n < length_B[:, None])
+    ok &= length_B[:, None] > n  # the suffix itself must exist before an earlier copy can
+    latest = jnp.max(jnp.where(ok, starts[None] + n, -1), -1)
+    best = jnp.where(latest >= 0, latest, best)
+  idx = jnp.minimum(jnp.maximum(best, 0)[:, None] + jnp.arange(num_tokens), length_B[:, None] - 1)
+  last = jnp.take_along_axis(context_BxC, length_B[:, None] - 1, 1)
+  drafts = jnp.where((best >= 0)[:, None], jnp.take_along_axis(context_BxC, idx, 1), last)
+  return drafts.astype(jnp.int32), best >= 0
+
+
+@struct.dataclass
+class PromptLookup:
+  """Draft `num_tokens` tokens by n-gram lookup (n <= max_ngram) in prompt + output."""
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+  num_tokens: int = struct.field(pytree_node=False, default=8)
+  sampler: object = struct.field(default_factory=Greedy)
+  uses_draft_model = False
+
+  def validate(self, cfg, draft_cfg):
+    if self.num_tokens < 1:
+      raise ValueError(f"PromptLookup needs num_tokens >= 1, got {self.num_tokens}")
+    if self.max_ngram < 1:
+      raise ValueError(f"PromptLookup needs max_ngram >= 1, got {self.max_ngram}")
+    self.sampler.validate()
+
+  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
+    return prompt_len + max_new_tokens + self.num_tokens
+
+  def max_steps(self, max_new_tokens: int) -> int:
+    return max(max_new_tokens - 1, 1)  # every step emits at least one token
+
+  def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
+    del draft
+    b, p = prompts.shape
+    context = jnp.full((b, p + max_new_tokens), -1, jnp.int32)
+    context = st.write_rows(context, jnp.zeros_like(prompt_lens), prompts, prompt_lens)
+    k = self.num_tokens
+    state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
+                     capacity=self.cache_capacity(p, max_new_tokens),
+                     steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
+                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=context)
+    return state.replace(extra=st.write_rows(context, prompt_lens, state.tokens[:, :1],
+                                             state.lengths))
+
+  def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
+    del draft
+    k = self.num_tokens
+    active = ~state.done
+    cache = st.flush(state)
+    n_ctx = state.prompt_lens + state.lengths
+    drafts, _ = lookup(state.extra, n_ctx, self.max_ngram, k)
+    # feed [last token, d_1..d_k]: chunk position i scores d_{i+1}, position k the bonus
+    chunk = jnp.concatenate([st.last_tokens(state)[:, None], drafts], 1)
+    pos = (n_ctx - 1)[:, None] + jnp.arange(k + 1)
+    logits, kv = fwd(chunk, pos, masks.decode(cache.lengths, cache.slots, k + 1), cache)
+    rng, sub = jax.random.split(state.rng)
+    n_acc, nxt = verify.verify(sub, self.sampler, drafts, verify.point_mass(drafts, logits.shape[-1]),
+                               logits)
+    new = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], 1)
+    new = new.at[jnp.arange(new.shape[0]), n_acc].set(nxt)  # [d_1..d_n, next, ...]
+    old_len = state.lengths
+    state, kept = st.emit(state, new, n_acc + 1)
+    # the cache takes the fed rows whose successor is now decided: last token + n drafts
+    src = jnp.broadcast_to(jnp.arange(k + 1), (chunk.shape[0], k + 1))
+    pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_acc + 1, 0))
+    context = st.write_rows(state.extra, state.prompt_lens + old_len, new, kept)
+    return state.replace(cache=cache, pending=pending, rng=rng, extra=context,
+                         forwards=state.forwards + active, step=state.step + 1)

@@ -1,0 +1,53 @@
+"""The `paraflax` command end to end on a micro run: train, generate text, bench JSON."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paraflax import cli
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "micro_ar.py")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cli")
+  cli.CACHE = root / "cache"
+  wd = root / "run"
+  assert cli.main(["train", "--config", CONFIG, "--workdir", str(wd), "--steps", "12",
+                   "--set", f"data.cache_dir={root / 'data'}", "--set", "data.progress=False"]) == 0
+  return wd
+
+
+@pytest.mark.slow
+def test_generate_is_text_in_text_out(workdir, capsys):
+  assert cli.main(["generate", "--workdir", str(workdir), "--prompt", "def add(a, b):",
+                   "--max-new-tokens", "8"]) == 0
+  out, err = capsys.readouterr()
+  assert out.startswith("def add(a, b):") and len(out) > len("def add(a, b):")
+  assert "tokens/s" in err
+
+
+@pytest.mark.slow
+def test_bench_writes_the_contract_json(workdir, tmp_path):
+  path = tmp_path / "bench.json"
+  assert cli.main(["bench", "--workdir", str(workdir), "--prompts", "3", "--max-new-tokens",
+                   "8", "--batch-size", "2", "--json", str(path)]) == 0
+  rows = json.loads(path.read_text())
+  assert [r["method"] for r in rows] == ["ar", "prompt_lookup"]
+  ar, lookup = rows
+  assert lookup["exact_match_vs_ar"] == 1.0  # greedy prompt lookup reproduces AR
+  assert lookup["tokens_per_forward"] >= 1.0
+  for key in ("tokens_per_forward", "tokens_per_second", "speedup_vs_ar", "exact_match_vs_ar"):
+    assert key in ar
+  assert ar["tokens_per_forward"] == 1.0  # AR: one forward (the prefill counted) per token
+  assert ar["speedup_vs_ar"] == 1.0 and ar["exact_match_vs_ar"] == 1.0
+  assert ar["tokens_per_second"] > 0
+
+
+@pytest.mark.fast
+def test_user_errors_are_one_line(tmp_path, capsys):
+  assert cli.main(["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("paraflax generate: error:") and "missing" in err and "\n" not in err

@@ -1,6 +1,7 @@
 """All decoders, as frozen dataclasses: `pf.decoders.AR(sampler=...)`, ..."""
 
 from paraflax.decoding.autoregressive import AR
+from paraflax.decoding.jacobi import Jacobi
 from paraflax.decoding.prompt_lookup import PromptLookup
 
-__all__ = ["AR", "PromptLookup"]
+__all__ = ["AR", "Jacobi", "PromptLookup"]

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks, verify
+from paraflax import verify
 from paraflax.decoding import state as st
+from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
 
 
@@ -72,25 +73,8 @@ class PromptLookup:
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft
-    k = self.num_tokens
-    active = ~state.done
-    cache = st.flush(state)
-    n_ctx = state.prompt_lens + state.lengths
-    drafts, _ = lookup(state.extra, n_ctx, self.max_ngram, k)
-    # feed [last token, d_1..d_k]: chunk position i scores d_{i+1}, position k the bonus
-    chunk = jnp.concatenate([st.last_tokens(state)[:, None], drafts], 1)
-    pos = (n_ctx - 1)[:, None] + jnp.arange(k + 1)
-    logits, kv = fwd(chunk, pos, masks.decode(cache.lengths, cache.slots, k + 1), cache)
-    rng, sub = jax.random.split(state.rng)
-    n_acc, nxt = verify.verify(sub, self.sampler, drafts, verify.point_mass(drafts, logits.shape[-1]),
-                               logits)
-    new = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], 1)
-    new = new.at[jnp.arange(new.shape[0]), n_acc].set(nxt)  # [d_1..d_n, next, ...]
-    old_len = state.lengths
-    state, kept = st.emit(state, new, n_acc + 1)
-    # the cache takes the fed rows whose successor is now decided: last token + n drafts
-    src = jnp.broadcast_to(jnp.arange(k + 1), (chunk.shape[0], k + 1))
-    pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_acc + 1, 0))
-    context = st.write_rows(state.extra, state.prompt_lens + old_len, new, kept)
-    return state.replace(cache=cache, pending=pending, rng=rng, extra=context,
-                         forwards=state.forwards + active, step=state.step + 1)
+    old_end = state.prompt_lens + state.lengths
+    drafts, _ = lookup(state.extra, old_end, self.max_ngram, self.num_tokens)
+    q = verify.point_mass(drafts, fwd.cfg.vocab_size)
+    state, _, new, kept = verify_drafts(fwd, state, drafts, q, self.sampler)
+    return state.replace(extra=st.write_rows(state.extra, old_end, new, kept))

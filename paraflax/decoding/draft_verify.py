@@ -1,0 +1,35 @@
+"""One draft-and-verify step over the target model, shared by every decoder whose drafts are
+known before the forward (prompt lookup, Jacobi, speculative decoding).
+
+Chunk = [last emitted token, d_1..d_k] at the next positions: chunk position i scores d_{i+1}
+and position k gives the bonus token. The verifier accepts n drafts and decides one more
+token; the cache later takes the fed rows whose successor is decided (last token + n drafts).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from paraflax import masks, verify
+from paraflax.decoding import state as st
+
+
+def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
+  """Returns (state, target logits [B, K+1, V], emitted [B, K+1] = [d_1..d_n, next, ...],
+  kept [B]: tokens emitted (n + 1, less after an EOS or at the buffer end, 0 once done))."""
+  b, k = drafts_BxK.shape
+  active = ~state.done
+  cache = st.flush(state)
+  chunk = jnp.concatenate([st.last_tokens(state)[:, None], drafts_BxK], 1)  # [B, K+1]
+  pos = (state.prompt_lens + state.lengths - 1)[:, None] + jnp.arange(k + 1)
+  logits, kv = fwd(chunk, pos, masks.decode(cache.lengths, cache.slots, k + 1), cache)
+  rng, sub = jax.random.split(state.rng)
+  n_acc, nxt = verify.verify(sub, sampler, drafts_BxK, q_BxKxV, logits)
+  new = jnp.concatenate([drafts_BxK, jnp.zeros((b, 1), drafts_BxK.dtype)], 1)
+  new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_1..d_n, next, ...]
+  src = jnp.broadcast_to(jnp.arange(k + 1), (b, k + 1))
+  pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_acc + 1, 0))
+  state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
+  state, kept = st.emit(state, new, n_acc + 1)
+  return state.replace(step=state.step + 1), logits, new, kept

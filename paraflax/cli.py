@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO = Path(__file__).resolve().parents[1]
+REPO_CONFIGS = REPO / "configs"
+SHIPPED = REPO / "checkpoints"  # params-only snapshots made by `paraflax demo --retrain --ship`
 CACHE = Path(os.environ.get("PARAFLAX_CACHE", "~/.cache/paraflax")).expanduser()
 
 
@@ -63,7 +65,8 @@ def bench_methods():
   """Every method the bench runs after the AR baseline."""
   from paraflax import decoders
   from paraflax.evaluation.bench import Method
-  return [Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
+  return [Method("jacobi", decoders.Jacobi(block_size=8), "block 8"),
+          Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
 
 
 def cmd_bench(args):
@@ -79,17 +82,41 @@ def cmd_bench(args):
     print(f"wrote {bench.write_json(rows, args.json)}")
 
 
+def _ship(workdir: Path, dest: Path) -> None:
+  """Copy a run's latest params (no optimizer state) with its config and tokenizer."""
+  import shutil
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  if dest.exists():
+    shutil.rmtree(dest)
+  shutil.copytree(workdir, dest, ignore=lambda d, names: [
+      n for n in names if n == "opt_state" or (Path(d).name == "checkpoints" and n.isdigit()
+                                                and int(n) != steps[-1])])
+  print(f"[demo] shipped {workdir} -> {dest}")
+
+
+def _has_checkpoint(workdir: Path) -> bool:
+  return (workdir / "checkpoints").is_dir() and any(
+      p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
+
+
 def cmd_demo(args):
+  import shutil
   from paraflax.training import load_trained, train_from_config_path
   config = REPO_CONFIGS / "tiny_ar.py"
   if not config.is_file():
     raise SystemExit(f"{config} not found: run the demo from a clone of the repository")
   workdir = CACHE / "demo" / "tiny_ar"
+  shipped = SHIPPED / "tiny_ar"
   if args.retrain and workdir.exists():
-    import shutil
     shutil.rmtree(workdir)
-  print(f"[demo] training (or resuming) the tiny AR model in {workdir}")
-  train_from_config_path(config, workdir, steps=args.steps)
+  if not args.retrain and not _has_checkpoint(workdir) and _has_checkpoint(shipped):
+    print(f"[demo] using the shipped tiny AR model {shipped} (retrain: paraflax demo --retrain)")
+    shutil.copytree(shipped, workdir, dirs_exist_ok=True)
+  if args.retrain or not _has_checkpoint(workdir):
+    print(f"[demo] training the tiny AR model in {workdir}")
+    train_from_config_path(config, workdir, steps=args.steps)
+    if args.ship:
+      _ship(workdir, shipped)
   model, tok, _ = load_trained(workdir)
   print("\n[demo] HumanEval completions (greedy AR):")
   args.workdir, args.json = str(workdir), args.json or str(CACHE / "demo" / "bench.json")
@@ -145,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
   d = sub.add_parser("demo", help="train (or reuse) the tiny models, then bench them")
   d.add_argument("--retrain", action="store_true", help="retrain from scratch")
   d.add_argument("--steps", type=int, default=None, help="override the training steps")
+  d.add_argument("--ship", action="store_true",
+                 help="with --retrain: store the result as the repository's shipped checkpoint")
   bench_flags(d)
   d.set_defaults(fn=cmd_demo)
   return p

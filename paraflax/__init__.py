@@ -2,14 +2,16 @@
 
 from paraflax import decoders, masks, sampling, verify
 from paraflax.cache import ChunkKV, KVCache, commit, init_cache
-from paraflax.config import ModelConfig
+from paraflax.config import ModelConfig, RopeScaling
 from paraflax.decoding.generate import generate, generate_steps
 from paraflax.decoding.state import GenerateOutput
+from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
 from paraflax.model import Transformer
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
 
 __all__ = [
-    "ChunkKV", "GenerateOutput", "Greedy", "KVCache", "ModelConfig", "Temperature", "TopK",
-    "TopP", "Transformer", "commit", "decoders", "generate", "generate_steps", "init_cache",
+    "ChunkKV", "GenerateOutput", "Greedy", "KVCache", "ModelConfig", "RopeScaling",
+    "Temperature", "TopK", "TopP", "Transformer", "commit", "convert_hf", "decoders",
+    "export_hf", "generate", "generate_steps", "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "sampling", "verify",
 ]

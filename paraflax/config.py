@@ -3,10 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3 RoPE frequency scaling (`rope_type: "llama3"` in a Hugging Face config).
+
+  Wavelengths below `original_max_position_embeddings / high_freq_factor` keep their
+  frequency, those above `original_max_position_embeddings / low_freq_factor` are divided by
+  `factor`, and the band between is interpolated smoothly (as transformers does).
+  """
+
+  rope_type: str = "llama3"
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+  def __post_init__(self):
+    if self.rope_type != "llama3":
+      raise ValueError(f"RopeScaling.rope_type {self.rope_type!r} is not supported; supported: "
+                       "'llama3' (or rope_scaling=None for plain RoPE)")
+    if not self.factor > 0:
+      raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor}")
+    if not self.high_freq_factor > self.low_freq_factor > 0:
+      raise ValueError(f"RopeScaling needs high_freq_factor > low_freq_factor > 0, got "
+                       f"{self.high_freq_factor} and {self.low_freq_factor}")
+    if self.original_max_position_embeddings < 1:
+      raise ValueError("RopeScaling.original_max_position_embeddings must be >= 1, got "
+                       f"{self.original_max_position_embeddings}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +56,7 @@ class ModelConfig:
   max_seq_len: int
   head_dim: int | None = None  # default d_model // n_heads
   rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None  # a mapping (e.g. from JSON) is converted
   rms_eps: float = 1e-6
   qkv_bias: bool = False  # Qwen2
   qk_norm: bool = False  # Qwen3
@@ -36,6 +67,11 @@ class ModelConfig:
   two_stream: bool = False  # AS-ARM query stream (ASSD)
 
   def __post_init__(self):
+    if isinstance(self.rope_scaling, Mapping):
+      object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+      raise ValueError(f"ModelConfig.rope_scaling must be a RopeScaling, a mapping or None, "
+                       f"got {self.rope_scaling!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                  "max_seq_len"):
       if getattr(self, name) < 1:

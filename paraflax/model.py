@@ -11,8 +11,11 @@ Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from paraflax.cache import ChunkKV, KVCache
@@ -40,10 +43,30 @@ class RMSNorm(nnx.Module):
     return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
-def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-  """Inverse frequencies `[Dh/2]` of rotary embeddings."""
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies `[Dh/2]` float32 of rotary embeddings (Llama 3 scaling if configured).
+
+  Computed on the host in float32, op for op as transformers does on CPU, so every backend
+  compiles the same constant (XLA rewrites `x / c` as `x * (1 / c)` and evaluates `pow` its
+  own way, which moves frequencies by an ulp or two).
+  """
+  f32 = np.float32
   d = cfg.dim_per_head
-  return 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  inv_freq = f32(1.0) / f32(cfg.rope_theta) ** (np.arange(0, d, 2, dtype=f32) / f32(d))
+  s = cfg.rope_scaling
+  if s is None:
+    return inv_freq
+  # transformers' `_compute_llama3_parameters`; torch evaluates `scalar / tensor` as
+  # `reciprocal(tensor) * scalar`, copied here for bit-equal frequencies
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = (f32(1.0) / inv_freq) * f32(2 * math.pi)
+  scaled = np.where(wavelen > low_wavelen, inv_freq / f32(s.factor), inv_freq)
+  smooth = (((f32(1.0) / wavelen) * f32(s.original_max_position_embeddings)
+             - f32(s.low_freq_factor)) / f32(s.high_freq_factor - s.low_freq_factor))
+  smoothed = (f32(1.0) - smooth) * scaled / f32(s.factor) + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(f32)
 
 
 def apply_rope(x_BxTxHxD, positions_BxT, inv_freq):

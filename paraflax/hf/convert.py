@@ -1,0 +1,70 @@
+"""`convert_hf`: a Hugging Face checkpoint -> a directory `paraflax.training.load_trained` reads.
+
+Layout written (what `load_trained` expects):
+    config.json      a TrainConfig dump whose `model` is the converted ModelConfig (its `data`
+                     part is a placeholder: nothing was trained on it)
+    tokenizer.json   the checkpoint's tokenizer
+    hf_config.json   the source config.json, for provenance
+    generation_config.json  EOS/PAD ids (`load_hf_tokenizer(out)` resolves them)
+    checkpoints/0/   the params as an orbax pytree (item `params`, no optimizer state)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from paraflax.hf.config import read_hf_config
+from paraflax.hf.load import load_hf
+from paraflax.hf.tokenizer import load_hf_tokenizer
+
+
+def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,
+               max_seq_len: int | None = None) -> dict:
+  """Convert `src` into `out` (which must not hold a checkpoint yet); return a summary dict
+  with keys out, n_params, seconds."""
+  import orbax.checkpoint as ocp  # heavy: imported only when converting
+
+  from paraflax.data.pipeline import DataConfig
+  from paraflax.training.checkpoint import CHECKPOINTS
+  from paraflax.training.config import TrainConfig
+
+  t0 = time.perf_counter()
+  src, out = Path(src).expanduser(), Path(out).expanduser().absolute()
+  hf_cfg = read_hf_config(src)
+  tokenizer = load_hf_tokenizer(src)  # load_trained needs one: fail before the slow part
+  if (out / CHECKPOINTS).exists():
+    raise FileExistsError(f"{str(out / CHECKPOINTS)!r} exists: convert into a fresh directory")
+  model = load_hf(src, dtype=dtype, max_seq_len=max_seq_len)
+  cfg = model.cfg
+  data = DataConfig(seq_len=max(2, min(256, cfg.max_seq_len)),
+                    vocab_size=min(tokenizer.vocab_size, cfg.vocab_size))
+  train_cfg = TrainConfig(model=cfg, data=data, steps=1)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "config.json").write_text(json.dumps(train_cfg.to_dict(), indent=2) + "\n")
+  (out / "hf_config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+  shutil.copyfile(src / "tokenizer.json", out / "tokenizer.json")
+  # load_trained's Tokenizer.load does not know HF special tokens; load_hf_tokenizer(out)
+  # finds EOS/PAD here
+  ids = {f"{k}_token_id": v for k, v in (("eos", tokenizer.eos_id), ("pad", tokenizer.pad_id))
+         if v is not None}
+  (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+  _, params = nnx.split(model, nnx.Param)
+  del model
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  # orbax copies every array while writing; capping bytes in flight at the largest tensor
+  # keeps the peak near one model instead of two
+  largest = max(x.nbytes for x in jax.tree.leaves(params))
+  handler = ocp.StandardCheckpointHandler(save_concurrent_gb=(largest + 2**20) / 1e9)
+  with ocp.CheckpointManager(out / CHECKPOINTS, options=options,
+                             item_handlers={"params": handler}) as mngr:
+    mngr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params)), force=True)
+    mngr.wait_until_finished()
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  return {"out": str(out), "n_params": n_params, "seconds": time.perf_counter() - t0}

@@ -1,0 +1,331 @@
+"""Hugging Face checkpoints: logit and greedy parity with transformers, exact round trips, errors.
+
+Tiny random checkpoints are written offline by transformers' `save_pretrained` (safetensors),
+with weights re-drawn at unit gain so logits have std ~4: a layout or RoPE mistake then moves
+logits by O(1), far above the 1e-4 tolerance.
+"""
+
+import copy
+import dataclasses
+import json
+import math
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+import torch
+import transformers
+from flax import nnx
+
+import paraflax as pf
+from paraflax.hf import (
+  convert_hf,
+  encode_prompt,
+  export_hf,
+  load_hf,
+  load_hf_tokenizer,
+  model_config_from_hf,
+)
+from paraflax.hf.load import abstract_model
+from paraflax.hf.safetensors_io import read_header, read_tensor, write_safetensors
+from paraflax.training import load_trained
+
+BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+VARIANTS = {  # name: (transformers config class, overrides, save_pretrained kwargs)
+    "qwen2_tied": ("Qwen2Config", dict(tie_word_embeddings=True), {}),
+    "qwen2_untied": ("Qwen2Config", dict(tie_word_embeddings=False, rope_theta=1e6), {}),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32, rope_theta=1e6), {}),
+    "llama": ("LlamaConfig", dict(num_key_value_heads=1, tie_word_embeddings=False), {}),
+    # wavelengths 6.3 (kept), 20 (interpolated), 63.. (divided by 8): all three regimes
+    "llama3_rope": ("LlamaConfig", dict(rope_scaling=LLAMA3, rope_theta=10000.0), {}),
+    "sharded": ("Qwen2Config", dict(tie_word_embeddings=False), dict(max_shard_size="40KB")),
+}
+EOS = 127  # "<|eos|>" in the tiny tokenizer
+
+
+def _tokenizer() -> tokenizers.Tokenizer:
+  """A word-level tokenizer over the 128 ids: "w0".."w124", BOS "<s>"=125, pad 126, EOS 127."""
+  vocab = {f"w{i}": i for i in range(125)} | {"<s>": 125, "<pad>": 126, "<|eos|>": 127}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tok.add_special_tokens(["<s>", "<pad>", "<|eos|>"])
+  tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single="<s> $A", special_tokens=[("<s>", 125)])
+  return tok
+
+
+def _randomize(model, seed: int, logit_std: float = 4.0) -> None:
+  """Unit-gain weights, random norm scales and biases, logits rescaled to `logit_std`."""
+  torch.manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.uniform_(0.5, 1.5)
+      elif name.endswith("bias"):
+        p.normal_(0.0, 0.5)
+      elif "embed_tokens" in name:
+        p.normal_(0.0, 1.0)
+      else:
+        p.normal_(0.0, p.shape[1] ** -0.5)
+    tokens = torch.randint(0, 128, (2, 32))
+    scale = logit_std / float(model(tokens).logits.std())
+    head = model.model.norm.weight if model.config.tie_word_embeddings else model.lm_head.weight
+    head.mul_(scale)
+    assert float(model(tokens).logits.std()) >= 2.0
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  """name -> (directory, transformers model in float32 eval mode)."""
+  root = tmp_path_factory.mktemp("hf")
+  out = {}
+  for i, (name, (cls, over, save)) in enumerate(VARIANTS.items()):
+    cfg = getattr(transformers, cls)(**copy.deepcopy({**BASE, **over}))  # it edits dicts
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    _randomize(model, seed=i)
+    path = root / name
+    model.save_pretrained(path, **save)
+    _tokenizer().save(str(path / "tokenizer.json"))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, 0]}))
+    out[name] = (path, model)
+  assert len(list((root / "sharded").glob("model-*.safetensors"))) > 1
+  assert (root / "sharded" / "model.safetensors.index.json").is_file()
+  return out
+
+
+def _hf_logits(model, tokens, positions=None) -> np.ndarray:
+  with torch.no_grad():
+    pos = None if positions is None else torch.tensor(positions)
+    return model(torch.tensor(tokens), position_ids=pos).logits.numpy()
+
+
+def _pf_logits(model, tokens, positions=None) -> np.ndarray:
+  b, t = tokens.shape
+  positions = np.broadcast_to(np.arange(t), (b, t)) if positions is None else positions
+  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions),
+                    pf.masks.causal(jnp.full((b,), t), t))
+  return np.asarray(logits)
+
+
+def _params(model) -> dict:
+  return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_logits_match_transformers(checkpoints, name):
+  """Same tokens, same logits: max |paraflax - transformers| <= 1e-4 in float32."""
+  path, hf = checkpoints[name]
+  model = load_hf(path)
+  t = 160 if name == "llama3_rope" else 48  # llama3: far beyond original_max_position (32)
+  tokens = np.random.RandomState(0).randint(0, 128, (2, t))
+  ref = _hf_logits(hf, tokens)
+  assert ref.std() >= 2.0
+  np.testing.assert_allclose(_pf_logits(model, tokens), ref, rtol=0, atol=1e-4)
+  # shifted positions (a chunk after a cache, or a left-padded row)
+  positions = np.broadcast_to(np.arange(t) + 37, (2, t))
+  np.testing.assert_allclose(_pf_logits(model, tokens, positions),
+                             _hf_logits(hf, tokens, positions), rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_llama3_rope_scaling_matters(checkpoints):
+  """The llama3 parity above has power: the same weights without the scaling differ by O(1)."""
+  path, hf = checkpoints["llama3_rope"]
+  model = load_hf(path)
+  assert model.cfg.rope_scaling == pf.RopeScaling(original_max_position_embeddings=32)
+  plain_def, _ = abstract_model(dataclasses.replace(model.cfg, rope_scaling=None))
+  plain = nnx.merge(plain_def, nnx.state(model, nnx.Param))
+  tokens = np.random.RandomState(1).randint(0, 128, (1, 160))
+  gap = np.abs(_pf_logits(plain, tokens) - _hf_logits(hf, tokens)).max()
+  assert gap > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2_tied", "llama3_rope"])
+def test_greedy_generate_matches_transformers(checkpoints, name):
+  """pf.generate (greedy AR) equals transformers' greedy generate, token for token, per row."""
+  path, hf = checkpoints[name]
+  model = load_hf(path)
+  rs = np.random.RandomState(2)
+  prompts = [rs.randint(0, 125, n).tolist() for n in (5, 13, 9)]
+  out = pf.generate(model, prompts, max_new_tokens=32)
+  width = max(map(len, prompts))  # transformers: left padding + attention mask
+  ids = torch.tensor([[126] * (width - len(p)) + p for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  with torch.no_grad():
+    ref = hf.generate(ids, attention_mask=mask, max_new_tokens=32, min_new_tokens=32,
+                      do_sample=False, pad_token_id=126, eos_token_id=None)
+  np.testing.assert_array_equal(np.asarray(out.tokens), ref[:, width:].numpy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2_tied", "qwen3", "llama3_rope"])
+def test_export_round_trip_is_exact(checkpoints, name, tmp_path):
+  """load -> export -> load: same config, bit-identical params; transformers reads the export
+  as the same model (bit-identical logits)."""
+  path, hf = checkpoints[name]
+  model = load_hf(path)
+  export_hf(model, tmp_path, tokenizer=load_hf_tokenizer(path))
+  again = load_hf(tmp_path)
+  assert again.cfg == model.cfg
+  a, b = _params(model), _params(again)
+  assert a.keys() == b.keys()
+  for k in a:
+    assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+  assert load_hf_tokenizer(tmp_path).eos_id == EOS
+  reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+  tokens = np.random.RandomState(3).randint(0, 128, (2, 40))
+  np.testing.assert_array_equal(_hf_logits(reread.eval(), tokens), _hf_logits(hf, tokens))
+
+
+@pytest.mark.slow
+def test_bfloat16_round_trip_is_exact(checkpoints, tmp_path):
+  """A bf16 load exports bf16 tensors, which load back bit-identically (dtype from config)."""
+  model = load_hf(checkpoints["qwen3"][0], dtype="bfloat16")
+  export_hf(model, tmp_path)
+  assert {i.dtype for i in read_header(tmp_path / "model.safetensors").values()} == {
+      np.dtype(jnp.bfloat16)}
+  again = load_hf(tmp_path)
+  assert again.cfg == model.cfg and again.cfg.param_dtype == "bfloat16"
+  a, b = _params(model), _params(again)
+  assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_convert_writes_a_load_trained_workdir(checkpoints, tmp_path):
+  """convert_hf -> load_trained gives the same config, params and tokenizer as load_hf."""
+  path, _ = checkpoints["llama3_rope"]
+  summary = convert_hf(path, tmp_path / "conv")
+  model, tok, train_cfg = load_trained(tmp_path / "conv")
+  ref = load_hf(path)
+  assert model.cfg == ref.cfg and train_cfg.model.rope_scaling == ref.cfg.rope_scaling
+  a, b = _params(model), _params(ref)
+  assert all(np.array_equal(a[k], b[k]) for k in a)
+  assert summary["n_params"] == sum(x.size for x in a.values())
+  assert tok.fingerprint() == load_hf_tokenizer(path).fingerprint()
+  assert load_hf_tokenizer(tmp_path / "conv").eos_id == EOS
+  with pytest.raises(FileExistsError, match="fresh directory"):
+    convert_hf(path, tmp_path / "conv")
+
+
+@pytest.mark.fast
+def test_tokenizer_ids_and_prompt_encoding(checkpoints):
+  """EOS comes from generation_config.json (first of a list); prompts encode as HF does."""
+  path, _ = checkpoints["llama"]
+  tok = load_hf_tokenizer(path)
+  assert tok.eos_id == EOS and tok.vocab_size == 128
+  text = "w3 w17 <|eos|> w5"
+  ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+  assert encode_prompt(tok, text) == ref(text)["input_ids"] == [125, 3, 17, EOS, 5]
+  assert tok.decode(tok.encode("w1 w2")) == "w1 w2"
+
+
+# ---- errors (no transformers model needed) ----
+
+def _write_config(path, **fields):
+  path.mkdir(parents=True, exist_ok=True)
+  cfg = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 128, **fields}
+  (path / "config.json").write_text(json.dumps(cfg))
+  return path
+
+
+@pytest.mark.fast
+def test_missing_directory_and_config(tmp_path):
+  with pytest.raises(FileNotFoundError, match="directory .* not found"):
+    load_hf(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    load_hf(tmp_path)
+  with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    load_hf(_write_config(tmp_path / "empty"))
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    load_hf_tokenizer(tmp_path / "empty")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("fields, match", [
+    (dict(model_type="qwen3_moe"), "model_type='qwen3_moe'.*Mixture-of-experts.*not supported"),
+    (dict(model_type="mistral"), "model_type='mistral'.*supported: llama"),
+    (dict(model_type="gpt2"), "supported: llama .*qwen2 .*qwen3"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type='yarn'"),
+    (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}), "'dynamic'"),
+    (dict(use_sliding_window=True, sliding_window=16), "sliding-window"),
+    (dict(model_type="llama", attention_bias=True), "attention_bias"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "low_freq_factor"),
+])
+def test_unsupported_configs_are_named(tmp_path, fields, match):
+  with pytest.raises(ValueError, match=match):
+    load_hf(_write_config(tmp_path, **fields))
+
+
+@pytest.mark.fast
+def test_config_layouts_agree():
+  """transformers 4 (rope_theta + rope_scaling) and 5 (rope_parameters) layouts read alike."""
+  common = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, vocab_size=128)
+  v4 = model_config_from_hf({**common, "rope_theta": 5e5, "rope_scaling": LLAMA3})
+  v5 = model_config_from_hf({**common, "rope_parameters": {**LLAMA3, "rope_theta": 5e5}})
+  assert v4 == v5 and v4.rope_theta == 5e5 and v4.rope_scaling.factor == 8.0
+  assert v4.n_kv_heads == 4 and v4.head_dim is None and not v4.qkv_bias
+
+
+def _rewrite(src, dst, drop=(), reshape=None):
+  """Copy checkpoint `src` to `dst` without the tensors in `drop`."""
+  shutil.copytree(src, dst)
+  for f in dst.glob("*.safetensors"):
+    infos = read_header(f)
+    with open(f, "rb") as fh:
+      arrays = {n: read_tensor(fh, i) for n, i in infos.items() if n not in drop}
+    write_safetensors(f, [(n, a.shape, a.dtype, lambda a=a: a) for n, a in arrays.items()])
+  return dst
+
+
+@pytest.mark.fast
+def test_missing_and_mismatched_tensors_are_named(checkpoints, tmp_path):
+  src, _ = checkpoints["qwen2_untied"]
+  gone = _rewrite(src, tmp_path / "gone", drop={"model.layers.1.mlp.up_proj.weight",
+                                                  "lm_head.weight"})
+  with pytest.raises(ValueError, match="missing tensors: lm_head.weight, "
+                                       "model.layers.1.mlp.up_proj.weight"):
+    load_hf(gone)
+  wide = _rewrite(src, tmp_path / "wide")
+  cfg = json.loads((wide / "config.json").read_text())
+  (wide / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 256}))
+  with pytest.raises(ValueError, match=r"model.layers.0.mlp.down_proj.weight \[64, 128\] "
+                                       r"\(expected \[64, 256\]\)"):
+    load_hf(wide)
+  deep = _rewrite(src, tmp_path / "deep")
+  (deep / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+  with pytest.raises(ValueError, match="unexpected tensors .*model.layers.1."):
+    load_hf(deep)
+
+
+@pytest.mark.fast
+def test_export_refuses_configs_without_a_counterpart(tmp_path):
+  cfg = pf.ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
+                       max_seq_len=32, qkv_bias=True, qk_norm=True)
+  model = nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match="qk_norm together with qkv_bias"):
+    export_hf(model, tmp_path / "out")
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fast
+def test_rope_scaling_json_round_trip():
+  """A ModelConfig with llama3 scaling survives asdict -> JSON -> ModelConfig (TrainConfig)."""
+  cfg = pf.ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
+                       max_seq_len=32, rope_scaling=pf.RopeScaling(factor=32.0))
+  back = pf.ModelConfig(**json.loads(json.dumps(dataclasses.asdict(cfg))))
+  assert back == cfg and hash(back) == hash(cfg)
+  with pytest.raises(ValueError, match="'yarn' is not supported"):
+    pf.RopeScaling(rope_type="yarn")
+  assert math.isclose(back.rope_scaling.factor, 32.0)

@@ -34,13 +34,27 @@ def cmd_train(args):
   print(json.dumps(summary))
 
 
+def load_model(args):
+  """(model, tokenizer, encode) from --hf DIR (a Hugging Face checkpoint) or --workdir DIR (a
+  training run or a `paraflax convert` output)."""
+  from paraflax import hf
+  if args.hf:
+    tok = hf.load_hf_tokenizer(args.hf)
+    return hf.load_hf(args.hf), tok, lambda text: hf.encode_prompt(tok, text)
+  from paraflax.training import load_trained
+  model, tok, _ = load_trained(args.workdir)
+  if (Path(args.workdir) / "hf_config.json").is_file():  # converted: keep the HF EOS/BOS
+    tok = hf.load_hf_tokenizer(args.workdir)
+    return model, tok, lambda text: hf.encode_prompt(tok, text)
+  return model, tok, tok.encode
+
+
 def cmd_generate(args):
   import jax
   from paraflax import decoders
   from paraflax.decoding.generate import generate
-  from paraflax.training import load_trained
-  model, tok, _ = load_trained(args.workdir)
-  prompt = tok.encode(args.prompt)
+  model, tok, encode = load_model(args)
+  prompt = encode(args.prompt)
   if not prompt:
     raise SystemExit("--prompt encodes to no tokens: give some text")
   kw = dict(decoder=decoders.AR(_sampler(args)), max_new_tokens=args.max_new_tokens,
@@ -55,10 +69,10 @@ def cmd_generate(args):
         f"{int(out.forwards[0]) + 1} forwards]", file=sys.stderr)
 
 
-def humaneval_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:
+def humaneval_prompts(encode, n: int, max_tokens: int) -> list[list[int]]:
   """The first n HumanEval prompts, tokenised, keeping the last `max_tokens` tokens."""
   from paraflax.data import load_humaneval
-  return [tok.encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
+  return [encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
 
 
 def bench_methods():
@@ -71,10 +85,9 @@ def bench_methods():
 
 def cmd_bench(args):
   from paraflax.evaluation import bench
-  from paraflax.training import load_trained
-  model, tok, _ = load_trained(args.workdir)
+  model, tok, encode = load_model(args)
   max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
-  prompts = humaneval_prompts(tok, args.prompts, max_prompt)
+  prompts = humaneval_prompts(encode, args.prompts, max_prompt)
   rows = bench.run_bench(model, prompts, bench_methods(), max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size, eos_id=tok.eos_id)
   print(bench.format_table(rows))
@@ -119,16 +132,29 @@ def cmd_demo(args):
       _ship(workdir, shipped)
   model, tok, _ = load_trained(workdir)
   print("\n[demo] HumanEval completions (greedy AR):")
-  args.workdir, args.json = str(workdir), args.json or str(CACHE / "demo" / "bench.json")
+  args.workdir, args.hf = str(workdir), None
+  args.json = args.json or str(CACHE / "demo" / "bench.json")
   import jax
   from paraflax.decoding.generate import generate
-  prompts = humaneval_prompts(tok, 3, 192)
+  prompts = humaneval_prompts(tok.encode, 3, 192)
   out = jax.device_get(generate(model, prompts, max_new_tokens=48, eos_id=tok.eos_id))
   for p, row, n in zip(prompts, out.tokens, out.lengths):
     print("-" * 60 + "\n" + tok.decode(p[-60:]) + "\033[1m" + tok.decode(row[:n].tolist())
           + "\033[0m")
   print("\n[demo] bench on HumanEval prompts:")
   cmd_bench(args)
+
+
+def cmd_convert(args):
+  from paraflax import hf
+  info = hf.convert_hf(args.from_hf, args.out)
+  print(json.dumps({k: str(v) for k, v in info.items()}))
+
+
+def cmd_export(args):
+  from paraflax import hf
+  model, tok, _ = load_model(args)
+  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,8 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--seed", type=int, default=0)
 
+  def model_flags(q):
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workdir", help="a training workdir or a `paraflax convert` output")
+    src.add_argument("--hf", help="a local Hugging Face checkpoint directory")
+
   g = sub.add_parser("generate", help="complete a text prompt with a trained model")
-  g.add_argument("--workdir", required=True, help="a training workdir")
+  model_flags(g)
   g.add_argument("--prompt", required=True)
   g.add_argument("--max-new-tokens", type=int, default=64)
   sampling_flags(g)
@@ -165,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", default=None, help="write per-method results to this file")
 
   b = sub.add_parser("bench", help="every method side by side on HumanEval prompts")
-  b.add_argument("--workdir", required=True, help="a training workdir")
+  model_flags(b)
   bench_flags(b)
   b.set_defaults(fn=cmd_bench)
 
@@ -176,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
                  help="with --retrain: store the result as the repository's shipped checkpoint")
   bench_flags(d)
   d.set_defaults(fn=cmd_demo)
+
+  c = sub.add_parser("convert", help="Hugging Face checkpoint -> paraflax (orbax) directory")
+  c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")
+  c.add_argument("--out", required=True)
+  c.set_defaults(fn=cmd_convert)
+
+  e = sub.add_parser("export", help="paraflax model -> Hugging Face safetensors + config.json")
+  model_flags(e)
+  e.add_argument("--to-hf", required=True, help="output directory")
+  e.set_defaults(fn=cmd_export)
   return p
 
 

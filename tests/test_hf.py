@@ -329,3 +329,24 @@ def test_rope_scaling_json_round_trip():
   with pytest.raises(ValueError, match="'yarn' is not supported"):
     pf.RopeScaling(rope_type="yarn")
   assert math.isclose(back.rope_scaling.factor, 32.0)
+
+
+@pytest.mark.slow
+def test_cli_generate_convert_export_on_a_hf_checkpoint(checkpoints, tmp_path, capsys):
+  """`paraflax generate --hf`, `convert --from-hf` then `generate --workdir`, `export --to-hf`:
+  text in, the same greedy text out from every route."""
+  from paraflax import cli
+  src = checkpoints["qwen2_tied"][0]
+  prompt = ["--prompt", "w5 w9 w2", "--max-new-tokens", "6"]
+  assert cli.main(["generate", "--hf", str(src), *prompt]) == 0
+  direct = capsys.readouterr().out
+  assert direct.startswith("w5 w9 w2") and len(direct.split()) > 3
+  assert cli.main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "conv")]) == 0
+  capsys.readouterr()
+  assert cli.main(["generate", "--workdir", str(tmp_path / "conv"), *prompt]) == 0
+  assert capsys.readouterr().out == direct
+  assert cli.main(["export", "--workdir", str(tmp_path / "conv"), "--to-hf",
+                   str(tmp_path / "back")]) == 0
+  capsys.readouterr()
+  assert cli.main(["generate", "--hf", str(tmp_path / "back"), *prompt]) == 0
+  assert capsys.readouterr().out == direct

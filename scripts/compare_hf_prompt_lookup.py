@@ -35,7 +35,7 @@ def hf_run(model, prompts, new, **kw):
       ids = torch.tensor([p])
       t0 = time.perf_counter()
       out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                           min_new_tokens=new, do_sample=False, pad_token_id=0, **kw)
+                           do_sample=False, pad_token_id=0, **kw)
       seconds += time.perf_counter() - t0
       outs.append(out[0, len(p):].tolist())
   hook.remove()
@@ -70,6 +70,9 @@ def main():
   hf_dir = Path(tempfile.mkdtemp()) / "hf"
   pf.export_hf(model, hf_dir, tokenizer=tok)
   hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+  # like our runs (eos_id=None): EOS is an ordinary token, all runs generate `new` tokens
+  # (min_new_tokens would instead forbid EOS and change the greedy output)
+  hf.generation_config.eos_token_id = None
   n_tok = args.new * len(prompts)
   rows = []
   for name, run in [

@@ -1,6 +1,6 @@
 """paraflax: exact, batched, compile-once parallel decoding for language models."""
 
-from paraflax import decoders, masks, sampling, verify
+from paraflax import decoders, distributed, masks, sampling, sharding, verify
 from paraflax.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.config import ModelConfig, RopeScaling
 from paraflax.decoding.generate import generate, generate_steps
@@ -8,10 +8,12 @@ from paraflax.decoding.state import GenerateOutput
 from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
 from paraflax.model import Transformer
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
+from paraflax.sharding import MeshConfig, make_mesh
 
 __all__ = [
     "ChunkKV", "GenerateOutput", "Greedy", "KVCache", "ModelConfig", "RopeScaling",
     "Temperature", "TopK", "TopP", "Transformer", "commit", "convert_hf", "decoders",
     "export_hf", "generate", "generate_steps", "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "sampling", "verify",
+    "MeshConfig", "distributed", "make_mesh", "sharding",
 ]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax.config import ModelConfig
+from paraflax.sharding import constrain_cache
 
 
 @struct.dataclass
@@ -39,10 +40,15 @@ class KVCache:
 
 
 def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
-  """An empty cache with `capacity` usable slots per row (+1 spare)."""
+  """An empty cache with `capacity` usable slots per row (+1 spare).
+
+  Under `sharding.use_mesh` (inside jit) it is sharded: batch over (data, fsdp), kv heads
+  over tensor, each only where the axis sizes divide it.
+  """
   shape = (cfg.n_layers, batch, capacity + 1, cfg.n_kv_heads, cfg.dim_per_head)
-  return KVCache(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype),
-                 lengths=jnp.zeros((batch,), jnp.int32))
+  return constrain_cache(KVCache(k=jnp.zeros(shape, cfg.compute_dtype),
+                                 v=jnp.zeros(shape, cfg.compute_dtype),
+                                 lengths=jnp.zeros((batch,), jnp.int32)))
 
 
 def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Array) -> KVCache:

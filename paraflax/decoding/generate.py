@@ -1,7 +1,8 @@
 """`generate`: validate on the host, then one compiled `lax.while_loop` per decoder shape.
 
 The Python-loop twin (`generate_steps`) runs the same jitted `init`/`step` one iteration at a
-time, for streaming, notebooks and tests.
+time, for streaming, notebooks and tests. With `mesh=`, params and prompts are sharded on entry
+and the loop runs under `sharding.use_mesh` (cache and state sharded over batch / kv heads).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paraflax import sharding
 from paraflax.decoding import state as st
 from paraflax.decoding.autoregressive import AR
 
@@ -70,22 +72,24 @@ def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_le
 def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   TRACES[type(decoder).__name__] += 1
   state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
+  state = sharding.constrain_decode_state(state, prompts.shape[0])  # no-op without a mesh
   state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
-  return st.finish(state)
+  return sharding.constrain_replicated(st.finish(state))
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_tokens",))
 def _init(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
-  return decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
+  state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
+  return sharding.constrain_decode_state(state, prompts.shape[0])
 
 
 @jax.jit
 def _step(fwd, draft, decoder, state):
-  return decoder.step(fwd, draft, state)
+  return sharding.constrain_decode_state(decoder.step(fwd, draft, state), state.lengths.shape[0])
 
 
 def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, prompt_lengths,
-           max_prompt_len):
+           max_prompt_len, mesh=None):
   cfg = model.cfg
   decoder = AR() if decoder is None else decoder
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -105,43 +109,53 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
   draft = None if draft_model is None else st.Forward.of(draft_model)
   rng = jax.random.key(0) if rng is None else rng
   eos = jnp.int32(-1 if eos_id is None else eos_id)
-  return fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos
+  if mesh is None:
+    return fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos
+  fwd = fwd.replace(params=sharding.shard_state(fwd.params, mesh))
+  draft = None if draft is None else draft.replace(params=sharding.shard_state(draft.params, mesh))
+  padded, lengths = sharding.shard_batch((padded, lengths), mesh)
+  rng, eos = (sharding.put(x, sharding.replicated(mesh)) for x in (rng, eos))
+  return fwd, draft, decoder, padded, lengths, rng, eos
 
 
 def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
              max_new_tokens: int = 128, rng=None, eos_id: int | None = None, draft_model=None,
              *, prompt_lengths=None, max_prompt_len: int | None = None,
-             loop: str = "while") -> st.GenerateOutput:
+             loop: str = "while", mesh=None) -> st.GenerateOutput:
   """Generate up to `max_new_tokens` per prompt with `decoder` (default: greedy AR).
 
   prompts: list of token-id lists, or an int array [B, P] (with `prompt_lengths` [B] when
   right-padded). `loop="python"` runs the Python-loop twin (same result, one jitted step per
-  iteration).
+  iteration). `mesh` (from `sharding.make_mesh`): run sharded over it, outputs replicated.
   """
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
   args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
-                prompt_lengths, max_prompt_len)
+                prompt_lengths, max_prompt_len, mesh)
   if loop == "while":
-    return _generate_while(*args, max_new_tokens=max_new_tokens)
+    with sharding.use_mesh(mesh):
+      return _generate_while(*args, max_new_tokens=max_new_tokens)
   final = None
-  for final in _steps(*args, max_new_tokens):
+  for final in _steps(*args, max_new_tokens, mesh):
     pass
   return st.finish(final)
 
 
-def _steps(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens):
-  state = _init(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens=max_new_tokens)
+def _steps(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens, mesh=None):
+  # the mesh context is entered per call, never held across a yield
+  with sharding.use_mesh(mesh):
+    state = _init(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens=max_new_tokens)
   yield state
   while bool(st.cond(state)):
-    state = _step(fwd, draft, decoder, state)
+    with sharding.use_mesh(mesh):
+      state = _step(fwd, draft, decoder, state)
     yield state
 
 
 def generate_steps(model, prompts, decoder=None, max_new_tokens: int = 128, rng=None,
                    eos_id=None, draft_model=None, *, prompt_lengths=None,
-                   max_prompt_len=None) -> Iterator[st.DecodeState]:
+                   max_prompt_len=None, mesh=None) -> Iterator[st.DecodeState]:
   """The Python-loop twin: yields the decoder state after the prefill and after every step."""
   args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
-                prompt_lengths, max_prompt_len)
-  yield from _steps(*args, max_new_tokens)
+                prompt_lengths, max_prompt_len, mesh)
+  yield from _steps(*args, max_new_tokens, mesh)

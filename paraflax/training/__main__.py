@@ -1,6 +1,8 @@
 """`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`.
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
+Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
+PARAFLAX_* environment, see `paraflax.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ import argparse
 import json
 import sys
 
+import jax
+
+from paraflax import distributed
 from paraflax.training.trainer import train_from_config_path
 
 
@@ -34,12 +39,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="NAME=VALUE", help="dotted config override, repeatable")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+  distributed.add_arguments(parser)
   args = parser.parse_args(argv)
+  distributed.initialize_from_args(args)
 
   summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
                                    overrides=parse_overrides(args.overrides),
                                    progress=not args.no_progress, max_steps=args.max_steps)
-  print(json.dumps(summary))
+  if jax.process_index() == 0:  # one summary per run, not per host
+    print(json.dumps(summary))
   return 0
 
 

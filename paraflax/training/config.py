@@ -16,6 +16,7 @@ from typing import Any
 
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
+from paraflax.sharding import MeshConfig
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 
@@ -60,6 +61,8 @@ class TrainConfig:
   the learning-rate schedule. `objective` names a function in `objectives.OBJECTIVES`;
   `objective_args` are keyword arguments for it (a mapping, stored as sorted pairs so the
   config stays hashable; values must be JSON-serialisable).
+  `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
+  the rest) shards params, optimizer state and batches over a device mesh (`sharding.py`).
   """
 
   model: ModelConfig
@@ -74,6 +77,7 @@ class TrainConfig:
   log_every: int = 10
   objective: str = "ar"
   objective_args: Any = ()  # Mapping[str, Any] or pairs -> tuple[tuple[str, Any], ...]
+  mesh: MeshConfig | None = None  # also (data, fsdp, tensor) or a mapping -> MeshConfig
 
   def __post_init__(self):
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
@@ -90,6 +94,8 @@ class TrainConfig:
     if self.data.vocab_size > self.model.vocab_size:
       raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
                        f"model.vocab_size={self.model.vocab_size}")
+    if self.mesh is not None:
+      object.__setattr__(self, "mesh", MeshConfig.of(self.mesh))
     args = self.objective_args
     pairs = tuple(sorted((dict(args) if not isinstance(args, Mapping) else args).items()))
     object.__setattr__(self, "objective_args", pairs)
@@ -123,7 +129,8 @@ class TrainConfig:
 
 # Fields that do not change what is trained: they may differ when a run resumes.
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
-                         "keep_checkpoints", "log_every", "data.cache_dir", "data.progress"})
+                         "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
+                         "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor"})
 
 
 def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -9,6 +9,12 @@
 and resumes from the latest checkpoint there when one exists. Step `s` (0-based) consumes
 the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a resumed run
 repeats an uninterrupted one exactly (no RNG state is saved).
+
+With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
+axis rules of `sharding.py`), each batch is split over its data axes, and the same pure
+`train_step` runs under `jax.jit` shardings; checkpoints are saved sharded and restore onto
+whatever mesh the resuming run uses. On several hosts (`paraflax.distributed`) every process
+runs `train` with the same config; only process 0 writes logs, config and plots.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from paraflax.data.pipeline import prepare_stdlib, train_iterator, validation_batches
+from paraflax import sharding
 from paraflax.config import ModelConfig
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.model import Transformer
@@ -100,8 +107,9 @@ class _Meter:
     return rate
 
 
-def init_params(model_cfg: ModelConfig, seed: int):
-  """(graphdef, params) of a freshly initialised Transformer, built in one compiled call.
+def init_params(model_cfg: ModelConfig, seed: int, mesh=None):
+  """(graphdef, params) of a freshly initialised Transformer, built in one compiled call
+  (directly sharded on `mesh` when given: the same values as on one device).
 
   The init key uses the `rbg` PRNG: XLA:CPU compiles a threefry sampler per parameter
   (~0.2 s each), rbg costs a third of that. Training keys stay threefry (portable).
@@ -109,9 +117,29 @@ def init_params(model_cfg: ModelConfig, seed: int):
   def init(k):
     return nnx.split(Transformer(model_cfg, rngs=nnx.Rngs(params=k)), nnx.Param)[1]
 
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))),
-                          nnx.Param)
-  return graphdef, jax.jit(init)(jax.random.key(seed, impl="rbg"))
+  graphdef, abstract = nnx.split(
+      nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  out = None if mesh is None else sharding.state_shardings(abstract, mesh)
+  return graphdef, jax.jit(init, out_shardings=out)(jax.random.key(seed, impl="rbg"))
+
+
+def init_opt_state(tx: optax.GradientTransformation, params, mesh=None):
+  """`tx.init(params)`, sharded like the params it mirrors when `mesh` is given."""
+  if mesh is None:
+    return tx.init(params)
+  out = sharding.state_shardings(jax.eval_shape(tx.init, params), mesh)
+  return jax.jit(tx.init, out_shardings=out)(params)
+
+
+def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None):
+  """`train_step` jitted with params and optimizer state donated; on a mesh their output
+  shardings are pinned to those of `params` / `opt_state` (so every step compiles alike)."""
+  out = None
+  if mesh is not None:
+    out = (sharding.state_shardings(params, mesh), sharding.state_shardings(opt_state, mesh),
+           sharding.replicated(mesh))
+  return jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
+                 donate_argnums=(0, 1), out_shardings=out)
 
 
 def _keys(seed: int):
@@ -150,39 +178,47 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   """
   workdir = Path(workdir).expanduser().absolute()
   workdir.mkdir(parents=True, exist_ok=True)
+  main = jax.process_index() == 0  # the one process that writes files (multi-host)
+  progress = progress and main
   loss_fn = get_objective(cfg.objective, cfg.objective_args)
   data_cfg = dataclasses.replace(cfg.data, progress=cfg.data.progress and progress)
   data = prepare_stdlib(data_cfg)
   cfg.check_tokenizer(data.tokenizer)
   _check_workdir(cfg, workdir, data.tokenizer)
-  _write_json(workdir / CONFIG, cfg.to_dict())
-  data.tokenizer.save(workdir / TOKENIZER)
+  if main:
+    _write_json(workdir / CONFIG, cfg.to_dict())
+    data.tokenizer.save(workdir / TOKENIZER)
 
+  mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)
+  place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
+  place_key = (lambda k: k) if mesh is None else (
+      lambda k: sharding.put(k, sharding.replicated(mesh)))
   train_key, eval_key = _keys(cfg.seed)
-  graphdef, params = init_params(cfg.model, cfg.seed)
+  eval_key = place_key(eval_key)
+  graphdef, params = init_params(cfg.model, cfg.seed, mesh)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   lr = optim.schedule(cfg.optim, cfg.schedule_steps)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
-  opt_state = tx.init(params)
+  opt_state = init_opt_state(tx, params, mesh)
   it = train_iterator(data.train_tokens, cfg.data)
-  val = validation_batches(data.val_tokens, cfg.data)[:cfg.eval_batches]
+  val = [place(b) for b in validation_batches(data.val_tokens, cfg.data)[:cfg.eval_batches]]
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
   start = ckpt.latest_step() or 0
   if start:
     params, opt_state, data_state = ckpt.restore(start, params, opt_state)
     it.set_state(data_state)
-  log = MetricsLog(workdir / METRICS, resume_step=start)
+  log = MetricsLog(workdir / METRICS, resume_step=start) if main else _NoLog()
   target = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
 
-  step_fn = jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
-                    donate_argnums=(0, 1))
+  step_fn = jit_train_step(graphdef, loss_fn, tx, mesh, params, opt_state)
   eval_fn = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
 
   def validate(step: int) -> float:
     val_loss = _mean_loss(eval_fn, params, val, eval_key)
     log.write({"step": step, "val_loss": val_loss, "val_batches": len(val)})
-    plot_losses(workdir)
+    if main:
+      plot_losses(workdir)
     return val_loss
 
   summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
@@ -194,13 +230,14 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
     compiled, meter = None, _Meter()
     for step in range(start, target):
       batch = next(it)
-      rng = jax.random.fold_in(train_key, step)
+      rng = place_key(jax.random.fold_in(train_key, step))
+      device_batch = place(batch)
       if compiled is None:  # compile ahead so throughput and the ETA exclude it
-        compiled = step_fn.lower(params, opt_state, batch, rng).compile()
+        compiled = step_fn.lower(params, opt_state, device_batch, rng).compile()
         bar = tqdm(total=target, initial=start, desc="train", unit="step",
                    disable=not progress, dynamic_ncols=True)
         meter.start()
-      params, opt_state, metrics = compiled(params, opt_state, batch, rng)
+      params, opt_state, metrics = compiled(params, opt_state, device_batch, rng)
       meter.tokens += math.prod(batch["tokens"].shape)
       done = step + 1
       if done % cfg.log_every == 0 or done == target:
@@ -230,6 +267,16 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   return summary
 
 
+class _NoLog:
+  """The metrics log of processes other than 0 (multi-host): writes nothing."""
+
+  def write(self, entry: dict) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.PathLike,
                            steps: int | None = None, overrides: dict | None = None, *,
                            progress: bool = True, max_steps: int | None = None) -> dict:
@@ -240,8 +287,9 @@ def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.Pat
   return train(cfg, workdir, progress=progress, max_steps=max_steps)
 
 
-def load_trained(workdir: str | os.PathLike, step: int | None = None):
-  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint."""
+def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None):
+  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
+  restored straight onto `mesh` (any shape, whatever mesh trained it) when given."""
   workdir = Path(workdir).expanduser()
   if not workdir.is_dir():
     raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")
@@ -261,6 +309,8 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None):
   step = max(steps) if step is None else step
   graphdef, params_like = nnx.split(
       nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
+  if mesh is not None:
+    params_like = sharding.abstract_state(params_like, mesh)
   params = ckpt.restore_params(step, params_like)
   ckpt.close()
   return nnx.merge(graphdef, params), tokenizer, cfg

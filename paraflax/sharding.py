@@ -1,0 +1,287 @@
+"""Device meshes and the one rules table from logical axis names to mesh axes.
+
+Params name their dims with logical axes (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`; see
+`model.py`); batches and caches use `batch`. `RULES` maps each name to mesh axes of the
+`(data, fsdp, tensor)` mesh: batch over data x fsdp (data parallel + FSDP), params' `embed`
+over fsdp (FSDP), heads / kv heads / mlp / vocab over tensor (tensor parallel). A dim whose
+size the mesh axes do not divide is replicated rather than refused (e.g. 2 kv heads on an
+8-way tensor axis), so any model runs on any mesh; only the mesh itself must fit the devices.
+
+Meshes come from `jax.make_mesh` only, always with `Auto` axes: XLA's sharding propagation
+then runs the unmodified model, objectives and decoders (Explicit axes would make every
+einsum with a sharded contraction ask for an `out_sharding`). Inside `use_mesh(mesh)` the
+KV cache and decoder state are constrained to their specs; outside it those are no-ops.
+
+Multi-host: every process calls the same functions with the same host values (params built
+from one seed, the same batch); `put` hands each process's devices their slices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes (in order; a prefix whose sizes divide the dim is used)
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", ("fsdp",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+)
+
+KV_NAMES = (None, "batch", None, "kv_heads", None)  # cache k/v [layers, B, S, Hkv, Dh]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Sizes of the (data, fsdp, tensor) mesh axes; one of them may be -1: the rest."""
+
+  data: int = 1
+  fsdp: int = 1
+  tensor: int = 1
+
+  def __post_init__(self):
+    sizes = dataclasses.astuple(self)
+    if any(not isinstance(s, (int, np.integer)) or (s < 1 and s != -1) for s in sizes):
+      raise ValueError(f"mesh axis sizes must be ints >= 1 or -1 (the rest), got {self}")
+    if sizes.count(-1) > 1:
+      raise ValueError(f"at most one mesh axis may be -1 (the rest), got {self}")
+
+  @classmethod
+  def of(cls, spec: MeshConfig | Sequence[int] | Mapping[str, int]) -> MeshConfig:
+    """From a MeshConfig, a (data, fsdp, tensor) sequence or a mapping of axis sizes."""
+    if isinstance(spec, MeshConfig):
+      return spec
+    if isinstance(spec, Mapping):
+      return cls(**spec)
+    spec = tuple(spec)
+    if len(spec) != len(AXES):
+      raise ValueError(f"a mesh spec needs {len(AXES)} sizes {AXES}, got {spec}")
+    return cls(*spec)
+
+  def shape(self, n_devices: int) -> tuple[int, int, int]:
+    """The concrete (data, fsdp, tensor) sizes for `n_devices` devices."""
+    sizes = dataclasses.astuple(self)
+    known = math.prod(s for s in sizes if s != -1)
+    desc = " x ".join(f"{a}={s}" for a, s in zip(AXES, sizes))
+    if -1 in sizes:
+      if n_devices % known:
+        raise ValueError(f"mesh {desc}: the fixed axes ({known} devices) do not divide the "
+                         f"{n_devices} available devices")
+      sizes = tuple(n_devices // known if s == -1 else s for s in sizes)
+    elif known != n_devices:
+      raise ValueError(f"mesh {desc} needs {known} devices, but {n_devices} are available: "
+                       "the axis sizes must multiply to the device count (or use -1 for one "
+                       "axis)")
+    return sizes
+
+
+def make_mesh(spec: MeshConfig | Sequence[int] | Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """A `(data, fsdp, tensor)` mesh over `devices` (default: all, every process's)."""
+  cfg = MeshConfig(data=-1) if spec is None else MeshConfig.of(spec)
+  devices = jax.devices() if devices is None else list(devices)
+  return jax.make_mesh(cfg.shape(len(devices)), AXES, axis_types=(AxisType.Auto,) * len(AXES),
+                       devices=devices)
+
+
+def use_mesh(mesh: jax.sharding.Mesh | None):
+  """Context in which jitted code sees `mesh` (a no-op context for None)."""
+  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def _sizes(mesh) -> dict[str, int]:
+  return dict(mesh.shape)
+
+
+def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh,
+                 rules=RULES) -> P:
+  """The PartitionSpec of a `shape` array whose dims have logical `names`.
+
+  Each dim takes the longest prefix of its rule's mesh axes whose sizes divide it (size-1
+  axes and axes already used by an earlier dim are skipped); a dim nothing divides is
+  replicated. `mesh` may be a Mesh or an AbstractMesh.
+  """
+  if len(names) != len(shape):
+    raise ValueError(f"logical names {tuple(names)} do not match shape {tuple(shape)}")
+  table, sizes, used, out = dict(rules), _sizes(mesh), set(), []
+  for name, dim in zip(names, shape):
+    if name is None:
+      out.append(None)
+      continue
+    if name not in table:
+      raise ValueError(f"logical axis {name!r} has no sharding rule; known: {sorted(table)}")
+    kept, prod = [], 1
+    for axis in table[name]:
+      if sizes.get(axis, 1) == 1 or axis in used:
+        continue
+      if dim % (prod * sizes[axis]):
+        break
+      prod *= sizes[axis]
+      kept.append(axis)
+    used.update(kept)
+    out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  return P(*out)
+
+
+def _names(v: nnx.Variable, ndim: int) -> tuple:
+  names = v.get_metadata().get("out_sharding")
+  return tuple(names) if names else (None,) * ndim
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def state_shardings(tree: Any, mesh, rules=RULES) -> Any:
+  """NamedShardings for an NNX state (params, or optimizer state holding Param copies).
+
+  Variables are sharded by their `out_sharding` names; other arrays (step counts) are
+  replicated. The result is a prefix of `tree` (one sharding per Variable), as `jax.jit`
+  and `jax.device_put` accept. Works on abstract trees (`nnx.eval_shape`, `jax.eval_shape`).
+  """
+  def one(x):
+    if _is_var(x):
+      value = x.get_value() if hasattr(x, "get_value") else x[...]
+      return NamedSharding(mesh, logical_spec(_names(x, value.ndim), value.shape, mesh, rules))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(one, tree, is_leaf=_is_var)
+
+
+def abstract_state(tree: Any, mesh, rules=RULES) -> Any:
+  """`tree` with every array as a `ShapeDtypeStruct` carrying its sharding on `mesh`: the
+  target orbax restores into (a checkpoint from any mesh lands sharded on this one)."""
+  shardings = state_shardings(tree, mesh, rules)
+  return jax.tree.map(
+      lambda s, v: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), v),
+      shardings, tree, is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(shape: Sequence[int], mesh, rules=RULES) -> NamedSharding:
+  """Leading dim over the `batch` axes (when they divide it), the rest replicated."""
+  names = ("batch",) + (None,) * (len(shape) - 1) if len(shape) else ()
+  return NamedSharding(mesh, logical_spec(names, shape, mesh, rules))
+
+
+def put(x, sharding: NamedSharding):
+  """Place `x` at `sharding`, also across processes.
+
+  A host value (numpy, or a single-device array) must be the same on every process: each
+  process supplies its devices' slices of it. A global array is resharded. An array already
+  placed so is returned as is; otherwise the result is a copy that shares no buffer with `x`
+  (so donating it cannot delete `x`).
+  """
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding),
+                                    impl=jax.random.key_impl(x))
+  if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+    return x
+  if isinstance(x, jax.Array) and (sharding.is_fully_addressable or not x.is_fully_addressable):
+    # copy first: device_put (even with may_alias=False, jax 0.10) reuses x's buffer as the
+    # shard on x's own device, and donating the result would then delete x
+    return jax.device_put(jnp.copy(x), sharding)
+  if sharding.is_fully_addressable:
+    return jax.device_put(np.asarray(x), sharding)
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def shard_state(tree: Any, mesh, rules=RULES) -> Any:
+  """`tree` (an NNX state) placed by `state_shardings`."""
+  shardings = state_shardings(tree, mesh, rules)
+  return jax.tree.map(lambda s, v: jax.tree.map(lambda a: put(a, s), v), shardings, tree,
+                      is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def shard_batch(batch: Any, mesh, rules=RULES) -> Any:
+  """Every array of `batch` (a pytree of [B, ...] host arrays, the same global batch on every
+  process) split over the batch axes of `mesh`."""
+  return jax.tree.map(lambda x: put(x, batch_sharding(np.shape(x), mesh, rules)), batch)
+
+
+# ------------------------------------------------------------- decoder states (inside jit)
+
+def kv_spec(shape: Sequence[int], mesh, rules=RULES) -> P:
+  """Cache k/v `[layers, B, S, Hkv, Dh]`: batch over (data, fsdp), kv heads over tensor."""
+  return logical_spec(KV_NAMES, shape, mesh, rules)
+
+
+def decode_state_specs(state: Any, batch: int, mesh, rules=RULES) -> Any:
+  """PartitionSpecs for a decoder state pytree with batch size `batch`.
+
+  5-D `[layers, B, ...]` arrays (caches, pending chunk keys/values) get `kv_spec`; the
+  `[steps, B]` trace (`accepted`) splits its second dim; other arrays with a leading
+  `batch` dim split it; everything else (scalars, keys) is replicated.
+  """
+  def one(path, x):
+    shape = np.shape(x)
+    if len(shape) == 5 and shape[1] == batch:
+      return kv_spec(shape, mesh, rules)
+    if any(getattr(k, "name", None) == "accepted" for k in path) and len(shape) == 2:
+      return logical_spec((None, "batch"), shape, mesh, rules)
+    if len(shape) >= 1 and shape[0] == batch:
+      return logical_spec(("batch",) + (None,) * (len(shape) - 1), shape, mesh, rules)
+    return P()
+  return jax.tree_util.tree_map_with_path(one, state)
+
+
+def _context_mesh():
+  """The mesh set by `use_mesh` while tracing, if it has this module's axes; else None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+    return None
+  return mesh
+
+
+def constrain_cache(cache):
+  """Inside jit under `use_mesh`: pin a KVCache's k/v to `kv_spec`, lengths over batch."""
+  mesh = _context_mesh()
+  if mesh is None:
+    return cache
+  wsc = jax.lax.with_sharding_constraint
+  return cache.replace(k=wsc(cache.k, kv_spec(cache.k.shape, mesh)),
+                       v=wsc(cache.v, kv_spec(cache.v.shape, mesh)),
+                       lengths=wsc(cache.lengths, logical_spec(("batch",), cache.lengths.shape,
+                                                               mesh)))
+
+
+def constrain_decode_state(state, batch: int):
+  """Inside jit under `use_mesh`: pin a decoder state to `decode_state_specs`."""
+  mesh = _context_mesh()
+  if mesh is None:
+    return state
+  return jax.lax.with_sharding_constraint(state, decode_state_specs(state, batch, mesh))
+
+
+def constrain_replicated(tree):
+  """Inside jit under `use_mesh`: make outputs whole on every device (and every process)."""
+  mesh = _context_mesh()
+  if mesh is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, P()), tree)
+
+
+def shard_decode_state(state, mesh, rules=RULES):
+  """A decoder state placed by `decode_state_specs` (for stepping it outside a while loop)."""
+  batch = state.lengths.shape[0]
+  specs = decode_state_specs(state, batch, mesh, rules)
+  return jax.tree.map(lambda s, x: put(x, NamedSharding(mesh, s)), specs, state,
+                      is_leaf=lambda x: isinstance(x, P))

@@ -1,0 +1,191 @@
+"""Sharded runs equal single-device runs, on 8 forced CPU devices.
+
+Not collected by default: `test_sharding.py` runs this file in a subprocess with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` (the flag must be set before JAX starts,
+and the main test process already runs JAX on one device).
+"""
+
+import dataclasses
+import functools
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import MICRO
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import paraflax as pf
+from paraflax import sharding
+from paraflax.decoding.generate import TRACES
+from paraflax.training import load_config, load_trained, optim, read_metrics, train
+from paraflax.training.checkpoint import Checkpoints
+from paraflax.training.config import OptimConfig
+from paraflax.training.objectives import get_objective
+from paraflax.training.trainer import init_opt_state, init_params, jit_train_step, train_step
+
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8)]
+PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 3, 3, 3], [1, 2, 1, 2, 1, 2],
+           [40], [8, 9], [20, 21, 22, 20, 21]]  # 8 rows of different lengths
+DECODERS = [pf.decoders.AR(), pf.decoders.PromptLookup(max_ngram=2, num_tokens=4)]
+NEW = 12
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_eight_devices():
+  assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+
+
+@pytest.fixture(scope="module")
+def model():
+  """conftest's micro model (1 layer here, for compile time), built in two compiled calls
+  rather than op by op; logits scaled to std 3 so greedy argmaxes are far from ties."""
+  cfg = pf.ModelConfig(**{**MICRO, "n_layers": 1})
+  model = nnx.merge(*init_params(cfg, 0))
+  tokens = jax.random.randint(jax.random.key(0), (4, 16), 0, cfg.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(16), (4, 16))
+  graphdef, params = nnx.split(model)
+  std = jax.jit(lambda p: jnp.std(nnx.merge(graphdef, p)(
+      tokens, pos, pf.masks.causal(jnp.full((4,), 16), 16))[0]))
+  model.lm_head[...] = model.lm_head[...] * (3.0 / std(params))
+  assert float(std(nnx.split(model)[1])) >= 2.0
+  return model
+
+
+# ---------------------------------------------------------------- one training step
+
+@pytest.fixture(scope="module")
+def step_setup(model):
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = optim.optimizer(OptimConfig(peak_lr=1e-2, warmup_steps=0), 10)
+  loss_fn = get_objective("ar")
+  batch = {"tokens": np.asarray(jax.random.randint(jax.random.key(1), (8, 16), 0, 48), np.int32)}
+  rng = jax.random.key(2)
+  step = jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx))
+  ref = step(params, tx.init(params), batch, rng)
+  return graphdef, params, tx, loss_fn, batch, rng, ref
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_train_step_equals_one_device(shape, step_setup):
+  graphdef, params, tx, loss_fn, batch, rng, (ref_params, _, ref_metrics) = step_setup
+  mesh = sharding.make_mesh(shape)
+  sharded = sharding.shard_state(params, mesh)
+  opt_state = init_opt_state(tx, sharded, mesh)
+  step = jit_train_step(graphdef, loss_fn, tx, mesh, sharded, opt_state)
+  want = sharding.state_shardings(sharded, mesh)
+  new_params, _, metrics = step(sharded, opt_state, sharding.shard_batch(batch, mesh),
+                                      sharding.put(rng, sharding.replicated(mesh)))
+  np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=1e-5)
+  np.testing.assert_allclose(metrics["grad_norm"], ref_metrics["grad_norm"], rtol=1e-4)
+  for got, ref in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params)):
+    np.testing.assert_allclose(got, ref, atol=2e-5, rtol=1e-5)
+  # params stay sharded by the rules, step after step
+  for got, s in zip(jax.tree.leaves(new_params), jax.tree.leaves(want)):
+    assert got.sharding.is_equivalent_to(s, got.ndim)
+  wq = new_params["layers"][0]["attn"]["wq"][...]
+  expect = {(8, 1, 1): P(None, None, None), (2, 2, 2): P("fsdp", "tensor", None),
+            (1, 1, 8): P(None, None, None)}[shape]  # 4 heads do not split 8 ways: replicated
+  assert wq.sharding.spec == expect
+  assert new_params["layers"][0]["mlp"]["w_up"][...].sharding.spec == {
+      (8, 1, 1): P(None, None), (2, 2, 2): P("fsdp", "tensor"), (1, 1, 8): P(None, "tensor")}[shape]
+
+
+# ---------------------------------------------------------------- generation
+
+@pytest.fixture(scope="module")
+def gen_setup(model):
+  refs = [pf.generate(model, PROMPTS, decoder=d, max_new_tokens=NEW) for d in DECODERS]
+  return model, refs
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_every_decoder_on_a_mesh_equals_one_device(shape, gen_setup):
+  model, refs = gen_setup
+  mesh = sharding.make_mesh(shape)
+  for decoder, ref in zip(DECODERS, refs):
+    out = pf.generate(model, PROMPTS, decoder=decoder, max_new_tokens=NEW, mesh=mesh)
+    assert out.tokens.sharding.is_fully_replicated
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.forwards, ref.forwards)
+    # still one compiled while_loop: new prompts and seeds on the same mesh do not retrace
+    before = TRACES[type(decoder).__name__]
+    pf.generate(model, PROMPTS[::-1], decoder=decoder, max_new_tokens=NEW, mesh=mesh,
+                rng=jax.random.key(5))
+    assert TRACES[type(decoder).__name__] == before
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_kv_cache_is_split_over_batch_and_kv_heads_where_they_divide(shape, gen_setup):
+  model, refs = gen_setup
+  mesh = sharding.make_mesh(shape)
+  state = next(pf.generate_steps(model, PROMPTS, max_new_tokens=NEW, mesh=mesh))
+  # 2 kv heads: split 2 ways on (2,2,2), replicated (not refused) on an 8-way tensor axis
+  expect = {(8, 1, 1): P(None, "data", None, None, None),
+            (2, 2, 2): P(None, ("data", "fsdp"), None, "tensor", None),
+            (1, 1, 8): P(None, None, None, None, None)}[shape]
+  assert state.cache.k.sharding.is_equivalent_to(NamedSharding(mesh, expect), 5)
+  assert state.tokens.sharding.is_equivalent_to(NamedSharding(mesh, P(expect[1])), 2)
+  # the same specs when a host copy of the state is placed outside jit
+  host = jax.tree.map(lambda x: x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+                      else np.asarray(x), state)
+  placed = sharding.shard_decode_state(host, mesh)
+  for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(state)):
+    assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+  if shape == (2, 2, 2):  # the Python-loop twin on a mesh agrees with the while loop
+    out = pf.generate(model, PROMPTS, max_new_tokens=NEW, mesh=mesh, loop="python")
+    np.testing.assert_array_equal(out.tokens, refs[0].tokens)
+
+
+# ---------------------------------------------------------------- checkpoints across meshes
+
+def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path, step_setup):
+  _, params, tx, *_ = step_setup
+  mesh_a = sharding.make_mesh((2, 2, 2))
+  params_a = sharding.shard_state(params, mesh_a)
+  opt_a = init_opt_state(tx, params_a, mesh_a)
+  ckpt = Checkpoints(tmp_path)
+  ckpt.save(1, params_a, opt_a, {"pos": 3})
+  for shape in [(1, 1, 8), (8, 1, 1)]:
+    mesh_b = sharding.make_mesh(shape)
+    like_p = sharding.abstract_state(params_a, mesh_b)
+    like_o = sharding.abstract_state(opt_a, mesh_b)
+    got_p, got_o, data = ckpt.restore(1, like_p, like_o)
+    assert data == {"pos": 3}
+    for got, ref, want in zip(jax.tree.leaves(got_p), jax.tree.leaves(params),
+                              jax.tree.leaves(sharding.state_shardings(params, mesh_b))):
+      np.testing.assert_array_equal(got, ref)
+      assert got.sharding.is_equivalent_to(want, got.ndim)
+    for got, ref in zip(jax.tree.leaves(got_o), jax.tree.leaves(opt_a)):
+      np.testing.assert_array_equal(got, ref)
+  ckpt.close()
+
+
+def test_trainer_resumes_a_single_device_run_on_a_mesh(tmp_path):
+  """`train` with cfg.mesh resumes an unsharded run's checkpoint (restored onto the mesh)
+  and logs the same losses as the unsharded run; `load_trained` restores onto a third mesh."""
+  cfg = load_config(CONFIGS / "micro_ar.py")
+  cfg = dataclasses.replace(
+      cfg, model=dataclasses.replace(cfg.model, n_layers=1), steps=4, eval_every=100,
+      eval_batches=1, checkpoint_every=2, log_every=1,
+      data=dataclasses.replace(cfg.data, cache_dir=str(tmp_path / "cache"), progress=False))
+  ref = train(cfg, tmp_path / "one", progress=False)
+  shutil.copytree(tmp_path / "one", tmp_path / "mesh")
+  shutil.rmtree(tmp_path / "mesh" / "checkpoints" / "4")  # resume from step 2
+  summary = train(dataclasses.replace(cfg, mesh=(2, 2, 2)), tmp_path / "mesh", progress=False)
+  assert (summary["start_step"], summary["step"]) == (2, 4)
+  losses = {w: [e["loss"] for e in read_metrics(tmp_path / w) if "loss" in e]
+            for w in ("one", "mesh")}
+  assert len(losses["mesh"]) == 4
+  np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=1e-4)
+  assert summary["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-4)
+  model, _, _ = load_trained(tmp_path / "mesh", mesh=sharding.make_mesh((1, 1, 8)))
+  ref_model, _, _ = load_trained(tmp_path / "one")
+  emb = model.embed[...]  # [vocab 320, embed 32]: vocab over the 8-way tensor axis
+  assert emb.sharding.spec == P("tensor", None)
+  np.testing.assert_allclose(emb, ref_model.embed[...], atol=1e-4)

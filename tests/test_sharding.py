@@ -1,0 +1,132 @@
+"""Sharding: mesh specs fail clearly, the rules replicate what an axis does not divide, mesh
+configs round-trip, multi-host settings are validated; and (in a subprocess with 8 CPU
+devices, `sharding_cases.py`) sharded training, generation and checkpoints equal one device."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from conftest import MICRO
+from flax import nnx
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+import paraflax as pf
+from paraflax import distributed, sharding
+from paraflax.sharding import MeshConfig
+from paraflax.training import TrainConfig, apply_overrides, load_config
+from paraflax.training.config import config_differences
+
+HERE = Path(__file__).resolve().parent
+
+
+def abstract(shape):
+  return AbstractMesh(shape, sharding.AXES)
+
+
+@pytest.mark.fast
+def test_mesh_sizes_must_multiply_to_the_device_count():
+  assert MeshConfig(2, 2, 2).shape(8) == (2, 2, 2)
+  assert MeshConfig(data=-1, tensor=2).shape(8) == (4, 1, 2)
+  assert MeshConfig.of((1, -1, 1)).shape(8) == (1, 8, 1)
+  assert MeshConfig.of({"tensor": 4, "data": 2}) == MeshConfig(2, 1, 4)
+  with pytest.raises(ValueError, match=r"mesh data=3 x fsdp=1 x tensor=1 needs 3 devices, "
+                                       r"but 8 are available"):
+    MeshConfig(3, 1, 1).shape(8)
+  with pytest.raises(ValueError, match=r"fixed axes \(3 devices\) do not divide the 8"):
+    MeshConfig(-1, 3, 1).shape(8)
+  with pytest.raises(ValueError, match="at most one mesh axis may be -1"):
+    MeshConfig(-1, -1, 1)
+  with pytest.raises(ValueError, match=r"ints >= 1 or -1"):
+    MeshConfig(0, 1, 1)
+  with pytest.raises(ValueError, match=r"needs 3 sizes"):
+    MeshConfig.of((2, 2))
+  with pytest.raises(ValueError, match=rf"needs 2 devices, but {jax.device_count()} are"):
+    sharding.make_mesh((2, 1, 1) if jax.device_count() != 2 else (4, 1, 1))
+
+
+@pytest.mark.fast
+def test_rules_split_what_divides_and_replicate_the_rest():
+  m222, m118, m811 = abstract((2, 2, 2)), abstract((1, 1, 8)), abstract((8, 1, 1))
+  kv = sharding.KV_NAMES
+  # cache [layers, B, S, Hkv, Dh]: batch over data x fsdp, kv heads over tensor
+  assert sharding.logical_spec(kv, (2, 8, 16, 2, 8), m222) == P(None, ("data", "fsdp"), None,
+                                                                "tensor", None)
+  # 2 kv heads on an 8-way tensor axis: replicated, not refused; same for a batch of 4 on 8
+  assert sharding.logical_spec(kv, (2, 4, 16, 2, 8), m118) == P(None, None, None, None, None)
+  assert sharding.logical_spec(kv, (2, 4, 16, 2, 8), m811) == P(None, None, None, None, None)
+  # a batch of 2 takes the axes' longest dividing prefix (data), a batch of 3 none
+  assert sharding.logical_spec(("batch",), (2,), m222) == P("data")
+  assert sharding.logical_spec(("batch",), (3,), m222) == P(None)
+  # size-1 axes are dropped; an axis is used by one dim only
+  assert sharding.logical_spec(("embed", "vocab"), (32, 48), m118) == P(None, "tensor")
+  assert sharding.logical_spec(("heads", "kv_heads"), (4, 4), m222) == P("tensor", None)
+  with pytest.raises(ValueError, match=r"logical axis 'experts' has no sharding rule"):
+    sharding.logical_spec(("experts",), (4,), m222)
+  with pytest.raises(ValueError, match="do not match shape"):
+    sharding.logical_spec(("embed",), (4, 4), m222)
+
+
+@pytest.mark.fast
+def test_every_model_param_has_a_rule():
+  cfg = pf.ModelConfig(**{**MICRO, "qkv_bias": True, "qk_norm": True, "tie_embeddings": False})
+  _, params = nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0))))
+  mesh = sharding.make_mesh()  # one device: every spec is trivially satisfiable
+  shardings = jax.tree.leaves(sharding.state_shardings(params, mesh))
+  assert len(shardings) == len(jax.tree.leaves(params))
+  for names in jax.tree.leaves(nnx.get_partition_spec(params),
+                               is_leaf=lambda x: isinstance(x, P)):
+    for shape in [(2, 2, 2), (1, 1, 8), (8, 1, 1)]:
+      sharding.logical_spec(tuple(names), (64,) * len(names), abstract(shape))
+
+
+@pytest.mark.fast
+def test_train_config_mesh_round_trips_and_may_change_on_resume():
+  cfg = load_config(HERE.parent / "configs" / "micro_ar.py")
+  assert cfg.mesh is None
+  sharded = dataclasses.replace(cfg, mesh=(2, -1, 1))
+  assert sharded.mesh == MeshConfig(2, -1, 1)
+  assert TrainConfig.from_dict(sharded.to_dict()) == sharded
+  assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+  assert config_differences(cfg, sharded) == []  # a run may resume on another mesh
+  assert apply_overrides(cfg, {"mesh": "(1, 1, 8)"}).mesh == MeshConfig(1, 1, 8)
+  with pytest.raises(ValueError, match="at most one mesh axis"):
+    dataclasses.replace(cfg, mesh=(-1, -1, 1))
+
+
+@pytest.mark.fast
+def test_distributed_settings_come_from_arguments_then_environment():
+  env = {"PARAFLAX_COORDINATOR": "10.0.0.1:1234", "PARAFLAX_NUM_PROCESSES": "4",
+         "PARAFLAX_PROCESS_ID": "3"}
+  assert distributed.resolve(env={}) is None
+  assert distributed.initialize(env={}) is False  # single process: nothing happens
+  assert distributed.resolve(env=env) == ("10.0.0.1:1234", 4, 3)
+  assert distributed.resolve("127.0.0.1:9", 2, 0, env=env) == ("127.0.0.1:9", 2, 0)
+  with pytest.raises(ValueError, match="host:port"):
+    distributed.resolve("localhost", 2, 0, env={})
+  with pytest.raises(ValueError, match=r"0 <= process_id < num_processes"):
+    distributed.resolve(env={**env, "PARAFLAX_PROCESS_ID": "4"})
+  with pytest.raises(ValueError, match="needs num_processes"):
+    distributed.resolve("127.0.0.1:9", env={})
+  with pytest.raises(ValueError, match="without a coordinator"):
+    distributed.resolve(num_processes=2, process_id=0, env={})
+  with pytest.raises(ValueError, match="must be an integer"):
+    distributed.resolve(env={**env, "PARAFLAX_NUM_PROCESSES": "two"})
+
+
+@pytest.mark.slow
+def test_sharded_runs_on_eight_devices_equal_one_device():
+  """Runs `sharding_cases.py` (train step, AR + PromptLookup generate, cache specs,
+  checkpoints across meshes, the trainer under a mesh) with 8 forced CPU devices."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+       str(HERE / "sharding_cases.py")],
+      check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
+  assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+  assert " passed" in proc.stdout and "failed" not in proc.stdout

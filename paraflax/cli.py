@@ -1,4 +1,4 @@
-"""The `paraflax` command. Subcommands import JAX lazily so `--help` is instant."""
+"""The `paraflax` command. Subcommands import what they need when they run."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def _sampler(args):
 
 
 def cmd_train(args):
+  from paraflax import distributed
   from paraflax.training import train_from_config_path
   from paraflax.training.__main__ import parse_overrides
+  distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
   summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
                                    overrides=parse_overrides(args.overrides))
   print(json.dumps(summary))
@@ -167,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
   t.add_argument("--workdir", required=True)
   t.add_argument("--steps", type=int, default=None)
   t.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                 help="dotted config override, repeatable (e.g. optim.peak_lr=1e-3)")
+                 help="dotted config override, repeatable (e.g. optim.peak_lr=1e-3, "
+                 "mesh=(2,2,2))")
+  from paraflax import distributed
+  distributed.add_arguments(t)
   t.set_defaults(fn=cmd_train)
 
   def sampling_flags(q):

@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib.util
-import json
 import os
 from pathlib import Path
+
+from paraflax.data.jsonl import json_lines
 
 NUM_PROBLEMS = 164
 _FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -52,17 +53,9 @@ def load_humaneval(path: str | os.PathLike | None = None) -> list[Problem]:
     raise FileNotFoundError(f"HumanEval file {str(path)!r} not found")
   opener = gzip.open if path.suffix == ".gz" else open
   problems = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: malformed JSON ({e.msg})") from None
-      missing = [k for k in _FIELDS if not isinstance(obj.get(k), str)]
-      if missing:
-        raise ValueError(f"{where}: missing or non-string fields {missing}")
-      problems.append(Problem(**{k: obj[k] for k in _FIELDS}))
+  for where, obj in json_lines(path, opener):
+    missing = [k for k in _FIELDS if not isinstance(obj.get(k), str)]
+    if missing:
+      raise ValueError(f"{where}: missing or non-string fields {missing}")
+    problems.append(Problem(**{k: obj[k] for k in _FIELDS}))
   return problems

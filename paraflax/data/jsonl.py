@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,22 +59,25 @@ def _parse(obj: object, where: str) -> Record:
   return TextRecord(obj["text"]) if has_text else PairRecord(obj["prompt"], obj["response"])
 
 
-def read_jsonl(path: str | os.PathLike) -> list[Record]:
-  """All records of a JSONL file, in file order."""
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"JSONL file {str(path)!r} not found")
-  records = []
-  with path.open("r", encoding="utf-8") as f:
+def json_lines(path: Path, opener=open) -> Iterator[tuple[str, object]]:
+  """("file:line", parsed object) for every non-blank line; malformed JSON names its line."""
+  with opener(path, "rt", encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
       if not line.strip():
         continue
       where = f"{path}:{lineno}"
       try:
-        obj = json.loads(line)
+        yield where, json.loads(line)
       except json.JSONDecodeError as e:
         raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-      records.append(_parse(obj, where))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Record]:
+  """All records of a JSONL file, in file order."""
+  path = Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"JSONL file {str(path)!r} not found")
+  records = [_parse(obj, where) for where, obj in json_lines(path)]
   if not records:
     raise ValueError(f"{path}: no records (file is empty)")
   return records

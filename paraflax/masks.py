@@ -70,3 +70,30 @@ def decode(cache_lengths_B: jax.Array, slots: int, t: int) -> jax.Array:
   """A causal chunk of T new tokens after each row's committed cache: `[B, T, S+T]`."""
   b = cache_lengths_B.shape[0]
   return over_cache(cache_lengths_B, slots, causal(jnp.full((b,), t, jnp.int32), t))
+
+
+PROMPT, NOISY, CLEAN = 0, 1, 2  # segment kinds of a packed Jacobi Forcing sequence
+
+
+def noise_aware(kinds_BxT: jax.Array, valid_BxT: jax.Array) -> jax.Array:
+  """Jacobi Forcing's noise-aware causal mask over [prompt, noisy_1, clean_1, noisy_2, ...]:
+  `[B, T, T]`. Noisy blocks see the prompt, earlier noisy blocks and themselves causally;
+  clean blocks see the prompt, earlier clean blocks and themselves causally.
+
+  Since blocks are packed in order, this is: key k <= query q and (k is prompt or k has q's
+  kind). Prompt p p, then noisy n1 n1, clean c1 c1, noisy n2 n2, clean c2 c2 (T = 10):
+      p : 1 . . . . . . . . .      n2: 1 1 1 1 . . 1 . . .
+      p : 1 1 . . . . . . . .      n2: 1 1 1 1 . . 1 1 . .
+      n1: 1 1 1 . . . . . . .      c2: 1 1 . . 1 1 . . 1 .
+      n1: 1 1 1 1 . . . . . .      c2: 1 1 . . 1 1 . . 1 1
+      c1: 1 1 . . 1 . . . . .
+      c1: 1 1 . . 1 1 . . . .
+  """
+  t = kinds_BxT.shape[1]
+  j = jnp.arange(t)
+  tri = (j[None, :] <= j[:, None])[None]
+  kq, kk = kinds_BxT[:, :, None], kinds_BxT[:, None, :]
+  see = (kk == PROMPT) | (kk == kq)
+  # padding keys are invisible; a padding query sees itself only (its output is ignored)
+  pad_self = ~valid_BxT[:, :, None] & jnp.eye(t, dtype=bool)[None]
+  return (tri & see & valid_BxT[:, None, :]) | pad_self

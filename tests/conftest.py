@@ -30,6 +30,22 @@ def micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> pf.Transf
   return model
 
 
+def compiled_micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> pf.Transformer:
+  """`micro_model` built in two compiled calls (init, one forward) instead of op by op, for
+  subprocess tests where eager initialisation would dominate; identical on every process."""
+  from paraflax.training.trainer import init_params
+  cfg = pf.ModelConfig(**{**MICRO, **overrides})
+  model = nnx.merge(*init_params(cfg, seed))
+  tokens = jax.random.randint(jax.random.key(seed), (4, 16), 0, cfg.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(16), (4, 16))
+  graphdef, params = nnx.split(model)
+  std = jax.jit(lambda p: jnp.std(nnx.merge(graphdef, p)(
+      tokens, pos, pf.masks.causal(jnp.full((4,), 16), 16))[0]))
+  model.lm_head[...] = model.lm_head[...] * (logit_std / std(params))
+  assert float(std(nnx.split(model)[1])) >= 2.0
+  return model
+
+
 @pytest.fixture(scope="session")
 def model():
   return micro_model()

@@ -18,7 +18,6 @@ import functools
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -28,25 +27,12 @@ from paraflax import sharding
 from paraflax.training import optim
 from paraflax.training.config import OptimConfig
 from paraflax.training.objectives import get_objective
-from paraflax.training.trainer import init_opt_state, init_params, jit_train_step, train_step
+from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import MICRO
+from conftest import compiled_micro_model
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 3, 3, 3]]
-
-
-def micro_model():
-  """Same on every process: built from one seed, logits scaled to std 3 (as conftest)."""
-  cfg = pf.ModelConfig(**{**MICRO, "n_layers": 1})
-  model = nnx.merge(*init_params(cfg, 0))
-  tokens = jax.random.randint(jax.random.key(0), (4, 16), 0, cfg.vocab_size)
-  pos = jnp.broadcast_to(jnp.arange(16), (4, 16))
-  graphdef, params = nnx.split(model)
-  std = jax.jit(lambda p: jnp.std(nnx.merge(graphdef, p)(
-      tokens, pos, pf.masks.causal(jnp.full((4,), 16), 16))[0]))
-  model.lm_head[...] = model.lm_head[...] * (3.0 / std(params))
-  return model
 
 
 def gather(tree):
@@ -58,7 +44,7 @@ def main():
   t0 = time.perf_counter()
   checks = {"process_count": jax.process_count() == 2, "device_count": jax.device_count() == 4,
             "local_device_count": jax.local_device_count() == 2}
-  model = micro_model()
+  model = compiled_micro_model(n_layers=1)
 
   # a training step on a (data=1, fsdp=2, tensor=2) mesh spanning both processes
   graphdef, params = nnx.split(model, nnx.Param)

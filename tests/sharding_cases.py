@@ -11,10 +11,9 @@ import shutil
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MICRO
+from conftest import compiled_micro_model
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -26,7 +25,7 @@ from paraflax.training import load_config, load_trained, optim, read_metrics, tr
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.config import OptimConfig
 from paraflax.training.objectives import get_objective
-from paraflax.training.trainer import init_opt_state, init_params, jit_train_step, train_step
+from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8)]
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 3, 3, 3], [1, 2, 1, 2, 1, 2],
@@ -42,18 +41,8 @@ def test_eight_devices():
 
 @pytest.fixture(scope="module")
 def model():
-  """conftest's micro model (1 layer here, for compile time), built in two compiled calls
-  rather than op by op; logits scaled to std 3 so greedy argmaxes are far from ties."""
-  cfg = pf.ModelConfig(**{**MICRO, "n_layers": 1})
-  model = nnx.merge(*init_params(cfg, 0))
-  tokens = jax.random.randint(jax.random.key(0), (4, 16), 0, cfg.vocab_size)
-  pos = jnp.broadcast_to(jnp.arange(16), (4, 16))
-  graphdef, params = nnx.split(model)
-  std = jax.jit(lambda p: jnp.std(nnx.merge(graphdef, p)(
-      tokens, pos, pf.masks.causal(jnp.full((4,), 16), 16))[0]))
-  model.lm_head[...] = model.lm_head[...] * (3.0 / std(params))
-  assert float(std(nnx.split(model)[1])) >= 2.0
-  return model
+  """conftest's micro model, 1 layer (compile time), built by compiled calls."""
+  return compiled_micro_model(n_layers=1)
 
 
 # ---------------------------------------------------------------- one training step

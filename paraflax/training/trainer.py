@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from tqdm.auto import tqdm

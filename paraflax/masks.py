@@ -72,6 +72,28 @@ def decode(cache_lengths_B: jax.Array, slots: int, t: int) -> jax.Array:
   return over_cache(cache_lengths_B, slots, causal(jnp.full((b,), t, jnp.int32), t))
 
 
+
+def decode_candidates(cache_lengths_B: jax.Array, slots: int, main: int, n: int,
+                      c: int) -> jax.Array:
+  """A causal main chunk of `main` tokens, then C candidate segments of n tokens each:
+  `[B, T, S+T]`, T = main + C*n.
+
+  Every query sees the committed cache; main queries see the main chunk causally; a candidate
+  query sees its own segment causally. The candidates are fed at the main chunk's first n
+  positions, so several alternatives for one block share one cache prefix without copying
+  the cache along the batch axis. lengths = [1], S = 2, main = 3, n = 2, C = 2 (T = 7):
+      m0: 1 0 | 1 0 0 0 0 0 0
+      m1: 1 0 | 1 1 0 0 0 0 0
+      m2: 1 0 | 1 1 1 0 0 0 0
+      a0: 1 0 | 0 0 0 1 0 0 0
+      a1: 1 0 | 0 0 0 1 1 0 0
+      b0: 1 0 | 0 0 0 0 0 1 0
+      b1: 1 0 | 0 0 0 0 0 1 1
+  """
+  b = cache_lengths_B.shape[0]
+  ids = jnp.concatenate([jnp.zeros((main,), jnp.int32), 1 + jnp.repeat(jnp.arange(c), n)])
+  return over_cache(cache_lengths_B, slots, block_causal(jnp.broadcast_to(ids, (b, ids.size))))
+
 PROMPT, NOISY, CLEAN = 0, 1, 2  # segment kinds of a packed Jacobi Forcing sequence
 
 

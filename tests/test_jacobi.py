@@ -1,14 +1,23 @@
-"""Greedy Jacobi decoding: token-for-token greedy AR for every row and block size."""
+"""Greedy Jacobi decoding, plain and with rejection recycling / multi-block decoding (MR):
+token-for-token greedy AR for every row, block size and configuration."""
+
+import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import paraflax as pf
+from paraflax.decoding import jacobi_mr as mr
+from paraflax.decoding import state as st
 from paraflax.decoding.generate import TRACES
 from test_generate import reference_greedy
 
 PROMPTS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3, 7, 1], [11, 11]]
+# + a periodic prompt: the micro model's greedy continuation falls into the cycle 7 27 33, so
+# rejected tails recur as correct n-grams and pseudo-active blocks converge
+MR_PROMPTS = PROMPTS + [[7, 27, 33] * 4]
 
 pytestmark = pytest.mark.fast
 
@@ -51,8 +60,153 @@ def test_jacobi_compiles_once(model):
 
 @pytest.mark.parametrize("dec, match", [
     (pf.decoders.Jacobi(0), "block_size >= 1"),
-    (pf.decoders.Jacobi(4, pf.Temperature(0.7)), "Jacobi decoding is greedy"),
+    (pf.decoders.Jacobi(4, sampler=pf.Temperature(0.7)), "Jacobi decoding is greedy"),
+    (pf.decoders.Jacobi(4, num_blocks=0), "num_blocks >= 1"),
+    (pf.decoders.Jacobi(4, num_blocks=2, spawn_threshold=0.0), "0 < spawn_threshold <= 1"),
+    (pf.decoders.Jacobi(4, num_blocks=2, spawn_threshold=1.5), "0 < spawn_threshold <= 1"),
+    (pf.decoders.Jacobi(4, pool_size=-1), "pool_size >= 0"),
+    (pf.decoders.Jacobi(4, pool_size=2, num_candidates=3), "num_candidates <= pool_size"),
+    (pf.decoders.Jacobi(4, pool_size=2), "needs num_candidates >= 1"),
+    (pf.decoders.Jacobi(1, pool_size=2, num_candidates=1), "need block_size >= 2"),
+    (pf.decoders.Jacobi(1, num_blocks=2), "need block_size >= 2"),
 ])
 def test_bad_parameters_are_clear_errors(model, dec, match):
   with pytest.raises(ValueError, match=match):
     pf.generate(model, [[1, 2]], decoder=dec)
+
+
+# ---- rejection recycling and multi-block decoding (MR) ----
+
+J = pf.decoders.Jacobi
+MR_CONFIGS = {  # recycling, multi-block, both; block sizes 2, 4, 8; K in {2, 3}
+    "recycle-n2": J(2, pool_size=4, num_candidates=2),
+    "recycle-n8": J(8, pool_size=8, num_candidates=4),
+    "blocks-n4-k2": J(4, num_blocks=2),
+    "blocks-n8-k3": J(8, num_blocks=3, spawn_threshold=0.25),
+    "mr-n2-k3": J(2, num_blocks=3, pool_size=3, num_candidates=3, spawn_threshold=1.0),
+    "mr-n4-k2": J(4, num_blocks=2, pool_size=4, num_candidates=2),
+    "mr-n8-k2": J(8, num_blocks=2, pool_size=6, num_candidates=3, spawn_threshold=0.75),
+}
+
+
+@pytest.fixture(scope="module")
+def ar_mr(model):
+  return pf.generate(model, MR_PROMPTS, max_new_tokens=24)
+
+
+@pytest.mark.parametrize("name", list(MR_CONFIGS))
+def test_mr_equals_greedy_ar_for_every_row(model, ar_mr, name):
+  out = pf.generate(model, MR_PROMPTS, decoder=MR_CONFIGS[name], max_new_tokens=24)
+  np.testing.assert_array_equal(out.tokens, ar_mr.tokens)
+  np.testing.assert_array_equal(out.lengths, ar_mr.lengths)
+  acc = np.asarray(out.accepted)
+  assert np.all(out.forwards == (acc > 0).sum(1))  # one forward per step per active row
+  assert np.all(acc.sum(1) == np.asarray(out.lengths) - 1)  # the first token is the prefill's
+
+
+def test_mr_with_eos_matches_ar_and_the_loop_twin(model, ar_mr):
+  eos = int(ar_mr.tokens[1, 6])  # eos_id is traced: no new compile for AR or the MR loop
+  kw = {"decoder": MR_CONFIGS["mr-n4-k2"], "max_new_tokens": 24, "eos_id": eos}
+  a = pf.generate(model, MR_PROMPTS, **kw)
+  b = pf.generate(model, MR_PROMPTS, loop="python", **kw)
+  ref = pf.generate(model, MR_PROMPTS, max_new_tokens=24, eos_id=eos)
+  np.testing.assert_array_equal(a.tokens, ref.tokens)
+  np.testing.assert_array_equal(a.lengths, ref.lengths)
+  assert np.any(np.asarray(a.lengths) < 24)  # EOS cut at least one row short
+  for f in ("tokens", "lengths", "forwards", "accepted"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+def test_recycling_and_multiblock_are_exercised(model, ar_mr):
+  """Candidates win (with tokens taken from the pool) and pseudo-active blocks get promoted;
+  the default stays the plain n-token chunk, MR feeds (K + C) * n."""
+  n, c, max_new = 4, 2, 24
+  dec = MR_CONFIGS["mr-n4-k2"]
+  states = list(pf.generate_steps(model, MR_PROMPTS, decoder=dec, max_new_tokens=max_new))
+  assert states[-1].pending.kv.k.shape[2] == (2 + c) * n
+  np.testing.assert_array_equal(st.finish(states[-1]).tokens, ar_mr.tokens)
+  checked = 0
+  for prev, cur in itertools.pairwise(states):
+    won = np.asarray(cur.extra.wins - prev.extra.wins)
+    if not won.any():
+      continue
+    cands, valid = mr.pool_lookup(prev.extra.pool, prev.extra.ptr, st.last_tokens(prev), c)
+    for r in np.flatnonzero(won):
+      lo, hi = int(prev.lengths[r]), int(cur.lengths[r])
+      if hi == max_new:  # the buffer end may have cut the winner's tokens short
+        continue
+      drafts = np.asarray(cur.tokens[r, lo:hi - 1])  # accepted drafts; the last is decided
+      assert len(drafts) >= 1  # a winner accepted more drafts than the main block
+      assert any(v and np.array_equal(cd[1:1 + len(drafts)], drafts)
+                 for cd, v in zip(np.asarray(cands[r]), np.asarray(valid[r])))
+      checked += 1
+  assert checked > 0
+  assert int(states[-1].extra.promotions.sum()) > 0
+  assert int(max(s.extra.pacc.max() for s in states)) > 0  # some pseudo-accepted tokens
+  plain = next(pf.generate_steps(model, MR_PROMPTS, decoder=J(n), max_new_tokens=max_new))
+  assert plain.pending.kv.k.shape[2] == n and plain.extra.shape == (len(MR_PROMPTS), n - 1)
+
+
+def test_mr_compiles_once(model):
+  rng = np.random.default_rng(3)
+  dec = J(4, num_blocks=2, pool_size=5, num_candidates=2, spawn_threshold=0.75)
+  before = TRACES["Jacobi"]
+  for i in range(8):
+    prompts = [list(rng.integers(0, 48, rng.integers(1, 17))) for _ in range(3)]
+    pf.generate(model, prompts, decoder=dec, max_new_tokens=8, rng=jax.random.key(i),
+                max_prompt_len=16)
+  assert TRACES["Jacobi"] - before == 1
+
+
+def test_pool_is_a_fifo_ring_keyed_by_first_token():
+  pool, ptr = jnp.full((2, 3, 2), -1, jnp.int32), jnp.zeros((2,), jnp.int32)
+  yes, no = jnp.array([True, False]), jnp.array([False, False])
+  for entry, ok in [([1, 2], yes), ([3, 4], yes), ([1, 2], yes),  # a duplicate: skipped
+                    ([5, 6], no), ([5, 6], yes), ([7, 8], yes)]:  # [7, 8] evicts [1, 2]
+    pool, ptr = mr.pool_insert(pool, ptr, jnp.array([entry, entry]), ok)
+  np.testing.assert_array_equal(pool[0], [[7, 8], [3, 4], [5, 6]])
+  np.testing.assert_array_equal(pool[1], -np.ones((3, 2)))
+  np.testing.assert_array_equal(ptr, [4, 0])
+  cands, valid = mr.pool_lookup(pool, ptr, jnp.array([5, 5]), 2)
+  np.testing.assert_array_equal(cands, [[[5, 6], [5, 5]], [[5, 5], [5, 5]]])
+  np.testing.assert_array_equal(valid, [[True, False], [False, False]])
+  pool, ptr = mr.pool_insert(pool, ptr, jnp.array([[5, 9], [5, 9]]), yes)  # evicts [3, 4]
+  cands, valid = mr.pool_lookup(pool, ptr, jnp.array([5, 5]), 2)
+  np.testing.assert_array_equal(cands[0], [[5, 9], [5, 6]])  # newest first
+  np.testing.assert_array_equal(valid[0], [True, True])
+
+
+def _stream(drafts, ra_len, blocks, pacc, n=4):
+  b = len(drafts)
+  zeros = jnp.zeros((b,), jnp.int32)
+  return mr.MRState(drafts=jnp.array(drafts), ra_len=jnp.array(ra_len), blocks=jnp.array(blocks),
+                    pacc=jnp.array(pacc), pool=jnp.zeros((b, 0, n), jnp.int32), ptr=zeros,
+                    wins=zeros, promotions=zeros)
+
+
+def test_advance_promotes_a_pseudo_block_to_drafts_of_the_real_active_block():
+  """n = 4, K = 2: [pending | RA draft 10 | pseudo block 20 21 22 23 (20 pseudo-accepted)]."""
+  m = _stream([[10, 20, 21, 22, 23, 0, 0]], [1], [1], [[1]])
+  yes = jnp.array([True])
+  # the RA accepts its last draft 10 and decides 99: the pseudo block is promoted, its first
+  # token replaced by 99, the rest (21 converged; 22, 23 Jacobi-updated to 30, 31) are drafts
+  g = jnp.array([[10, 99, 21, 30, 31, 32, 33, 34]])
+  out = mr.advance(m, g, g[:, :4], jnp.array([1]), jnp.array([99]), yes, 4, 2, 2)
+  np.testing.assert_array_equal(out.drafts, [[21, 30, 31, 99, 99, 99, 99]])
+  assert (int(out.ra_len[0]), int(out.blocks[0]), int(out.promotions[0])) == (3, 0, 1)
+  # the RA rejects 10 (decides 11): the block stays pseudo-active, 20 frozen despite the
+  # argmax 99 before it, 21 now pseudo-accepted too
+  g = g.at[0, 0].set(11)
+  out = mr.advance(m, g, g[:, :4], jnp.array([0]), jnp.array([11]), yes, 4, 2, 2)
+  np.testing.assert_array_equal(out.drafts, [[20, 21, 30, 31, 11, 11, 11]])
+  assert (int(out.ra_len[0]), int(out.blocks[0]), int(out.promotions[0])) == (0, 1, 0)
+  np.testing.assert_array_equal(out.pacc, [[2]])
+
+
+def test_spawn_clones_and_pads_the_real_active_block():
+  """n = 4, K = 3, s = 2: row 0's RA [5 | 6 7] has 2 decided tokens (spawns), row 1's 1."""
+  m = _stream([[6, 7] + [0] * 9, [6, 7, 8] + [0] * 8], [2, 3], [0, 0], [[0, 0], [0, 0]])
+  out = mr.spawn(m, jnp.array([5, 5]), 4, 3, 2)
+  np.testing.assert_array_equal(out.drafts[0], [6, 7, 5, 6, 7, 7, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(out.drafts[1], m.drafts[1])
+  np.testing.assert_array_equal(out.blocks, [1, 0])

@@ -42,6 +42,20 @@ def test_over_cache_and_decode():
                                 _a(["10 10", "10 01"]))
 
 
+
+def test_decode_candidates():
+  got = masks.decode_candidates(jnp.array([1, 2]), 2, 3, 2, 2)
+  assert got.shape == (2, 7, 9)
+  np.testing.assert_array_equal(got[0], _a([
+      "10 1000000", "10 1100000", "10 1110000",
+      "10 0001000", "10 0001100",
+      "10 0000010", "10 0000011"]))
+  np.testing.assert_array_equal(got[1, :, :2], np.ones((7, 2), bool))
+  np.testing.assert_array_equal(got[1, :, 2:], got[0, :, 2:])
+  # no candidates: the plain decode mask
+  np.testing.assert_array_equal(masks.decode_candidates(jnp.array([2, 0]), 3, 2, 2, 0),
+                                masks.decode(jnp.array([2, 0]), 3, 2))
+
 def test_causal_mask_makes_logits_independent_of_later_tokens():
   """d logits[i] / d embed[token_j] == 0 for j > i: every token id is distinct, so the
   gradient with respect to an embedding row is the gradient with respect to that input."""

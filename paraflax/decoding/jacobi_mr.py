@@ -1,0 +1,201 @@
+"""Jacobi decoding with rejection recycling and multi-block decoding (Jacobi Forcing's "MR",
+Algorithm 1), in fixed shapes inside the one compiled loop. Greedy and exact.
+
+Each step is one forward over T = K*n + C*n tokens (n block size, K blocks, C candidates):
+
+    [pending | RA drafts | pseudo block 1 | ... | inactive] [cand 1] ... [cand C]
+     \\______________ main stream: K*n slots _____________/   n slots each
+
+Main stream: the last emitted token (not yet in the cache), then `drafts` [B, K*n-1]: the
+real-active (RA) block's `ra_len` remaining drafts, `blocks` pseudo-active blocks of n tokens,
+then inactive slots (the pending token repeated). It is causal over the concatenation, so a
+pseudo block is conditioned on the noisy blocks before it; inactive slots come last, so they
+cannot influence an active slot, and their outputs are ignored.
+
+Candidates: up to C pool n-grams whose first token is the pending token, each fed at the main
+block's first n positions, seeing the cache and itself (`masks.decode_candidates`). Unused
+candidate slots repeat the pending token and can never win.
+
+Per step and row:
+  1. Verify the RA: the main block and each candidate accept their longest prefix of drafts
+     equal to the argmax before them, capped at the RA's `ra_len` (only RA tokens are ever
+     committed). The longest wins (main on ties); its drafts and the next argmax are emitted
+     and its chunk rows committed (`PendingCommit(src=...)`).
+  2. Recycle: the main block's rejected tail (n stream tokens from its first rejected draft,
+     the last one repeated past the stream) enters a per-row FIFO ring of n-grams keyed by
+     their first token, unless already there or shorter than 2 tokens. Newest match first.
+  3. Pseudo blocks keep a frozen pseudo-accepted prefix (`pacc`) that grows while its next
+     token equals the argmax of the slot before it; their other tokens are Jacobi-updated.
+  4. Promote: once the whole RA block is decided, the next block becomes the RA: its first
+     token is replaced by the verified next token and the rest become drafts, verified again
+     before anything is committed. Without a pseudo block a fresh RA starts.
+  5. Spawn: with fewer than K blocks in flight and >= ceil(r*n) decided (RA, pending token
+     included) or pseudo-accepted tokens in the last one, append a pseudo block initialised
+     as a clone of the RA block padded with its last token (the paper's clone-and-pad).
+
+With K = 1 the RA is plain Jacobi's running window (always n-1 drafts, never done).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax import masks
+from paraflax.decoding import state as st
+
+
+@struct.dataclass
+class MRState:
+  drafts: jax.Array  # [B, W] main stream after the pending token, W = K*n - 1
+  ra_len: jax.Array  # [B] RA drafts left (always n-1 with K = 1)
+  blocks: jax.Array  # [B] pseudo-active blocks in flight, 0..K-1
+  pacc: jax.Array  # [B, K-1] pseudo-accepted (frozen) prefix of each pseudo block, 0 if idle
+  pool: jax.Array  # [B, P, n] recycled n-grams, -1 = empty
+  ptr: jax.Array  # [B] ring write pointer (insertions so far)
+  wins: jax.Array  # [B] steps won by a pool candidate
+  promotions: jax.Array  # [B] pseudo-active blocks promoted to real-active
+
+
+def prefix_len(x: jax.Array) -> jax.Array:
+  """Number of leading True entries along the last axis."""
+  return jnp.sum(jnp.cumprod(x.astype(jnp.int32), -1), -1)
+
+
+def pool_insert(pool_BxPxN, ptr_B, entry_BxN, ok_B):
+  """FIFO ring insert, like a deque(maxlen=P): where ok[b] and no identical entry exists,
+  write entry[b] over row b's oldest slot. Returns (pool, ptr)."""
+  b, p, _ = pool_BxPxN.shape
+  ok = ok_B & ~jnp.any(jnp.all(pool_BxPxN == entry_BxN[:, None], -1), -1)
+  slot = jnp.where(ok, ptr_B % p, p)  # p: out of range, dropped
+  return pool_BxPxN.at[jnp.arange(b), slot].set(entry_BxN, mode="drop"), ptr_B + ok
+
+
+def pool_lookup(pool_BxPxN, ptr_B, key_B, c: int):
+  """Up to C entries whose first token is key, newest first: (cands [B, C, n], valid [B, C]).
+  Invalid candidates are the key repeated (any real tokens would do: they are ignored)."""
+  p = pool_BxPxN.shape[1]
+  age = (ptr_B[:, None] - 1 - jnp.arange(p)) % p  # 0 = newest
+  score = jnp.where(pool_BxPxN[:, :, 0] == key_B[:, None], p - age, 0)  # [B, P]
+  top, idx = jax.lax.top_k(score, c)
+  cands = jnp.take_along_axis(pool_BxPxN, idx[:, :, None], 1)
+  valid = top > 0
+  return jnp.where(valid[..., None], cands, key_B[:, None, None]), valid
+
+
+def spawn(m: MRState, pend_B, n: int, k: int, s: int) -> MRState:
+  """Append a pseudo block (clone-and-pad of the RA block [pending, RA drafts]) where fewer
+  than K blocks are in flight and the last one has >= s decided / pseudo-accepted tokens."""
+  if k == 1:
+    return m
+  w = m.drafts.shape[1]
+  last_pacc = jnp.take_along_axis(m.pacc, jnp.maximum(m.blocks - 1, 0)[:, None], 1)[:, 0]
+  go = (m.blocks < k - 1) & (jnp.where(m.blocks == 0, n - m.ra_len, last_pacc) >= s)
+  j = jnp.arange(w)[None] - (m.ra_len + m.blocks * n)[:, None]  # offset in the new block
+  ra = jnp.concatenate([pend_B[:, None], m.drafts], 1)  # the RA block is ra[:, :ra_len + 1]
+  clone = jnp.take_along_axis(ra, jnp.clip(j, 0, m.ra_len[:, None]), 1)
+  put = go[:, None] & (j >= 0) & (j < n)
+  return m.replace(drafts=jnp.where(put, clone, m.drafts), blocks=m.blocks + go)
+
+
+def advance(m: MRState, g_main_BxT, g_win_BxN, n_win_B, nxt_B, active_B, n: int, k: int,
+            s: int) -> MRState:
+  """The stream after a step whose winner accepted n_win RA drafts and decided `nxt`.
+
+  g_main: argmax of the main stream (g[i] predicts slot i+1); g_win: the winner's argmax.
+  """
+  b, w = m.drafts.shape
+  t = w + 1
+  d = jnp.arange(w)[None]  # draft index; chunk slot d + 1
+  if k > 1:
+    rel = d - m.ra_len[:, None]  # offset into the pseudo region
+    blk = rel // n
+    pseudo = (rel >= 0) & (blk < m.blocks[:, None])
+    frozen = pseudo & (rel % n < jnp.take_along_axis(m.pacc, jnp.clip(blk, 0, k - 2), 1))
+    # extend each frozen prefix while its tokens equal the argmax before them
+    ok = frozen | (m.drafts == g_main_BxT[:, :w])
+    idx = m.ra_len[:, None, None] + n * jnp.arange(k - 1)[:, None] + jnp.arange(n)  # [B, K-1, n]
+    ok = jnp.take_along_axis(ok, jnp.minimum(idx, w - 1).reshape(b, -1), 1).reshape(b, k - 1, n)
+    pacc = jnp.where(jnp.arange(k - 1) < m.blocks[:, None], prefix_len(ok), 0)
+  else:
+    frozen = jnp.zeros((b, w), bool)
+  # Jacobi update, index i = value for chunk slot i + 1: frozen tokens stay, the RA and the
+  # slot after it follow the winner, pseudo slots the main stream; then shift by `kept`
+  i = jnp.arange(t)[None]
+  pad = ((0, 0), (0, 1))
+  upd = jnp.where(i <= m.ra_len[:, None], jnp.pad(g_win_BxN, ((0, 0), (0, t - n))), g_main_BxT)
+  upd = jnp.where(jnp.pad(frozen, pad), jnp.pad(m.drafts, pad), upd)
+  kept = n_win_B + 1
+  drafts = jnp.take_along_axis(upd, jnp.minimum(kept[:, None] + d, t - 1), 1)
+  if k == 1:  # the running window stays full: plain Jacobi's next guesses
+    return m.replace(drafts=drafts)
+  done = n_win_B == m.ra_len  # the whole RA block is decided: promote
+  fresh = done & (m.blocks == 0)
+  carried = jnp.where(fresh, 0, m.ra_len + m.blocks * n - kept)  # stream drafts carried over
+  shifted = jnp.concatenate([pacc[:, 1:], jnp.zeros_like(pacc[:, :1])], 1)
+  m = m.replace(
+      drafts=jnp.where(d < carried[:, None], drafts, nxt_B[:, None]),
+      ra_len=jnp.where(done, n - 1, m.ra_len - kept),
+      blocks=jnp.where(done, jnp.maximum(m.blocks - 1, 0), m.blocks),
+      pacc=jnp.where(done[:, None], shifted, pacc),
+      promotions=m.promotions + (active_B & done & (m.blocks > 0)))
+  return spawn(m, nxt_B, n, k, s)
+
+
+def init(state: st.DecodeState, n: int, k: int, pool_size: int, s: int) -> st.DecodeState:
+  """The MR stream after `st.start`: a fresh RA guessing the first token repeated."""
+  b = state.lengths.shape[0]
+  pend = state.tokens[:, 0]
+  zeros = jnp.zeros((b,), jnp.int32)
+  m = MRState(drafts=jnp.repeat(pend[:, None], k * n - 1, 1), ra_len=zeros + n - 1,
+              blocks=zeros, pacc=jnp.zeros((b, k - 1), jnp.int32),
+              pool=jnp.full((b, pool_size, n), -1, jnp.int32), ptr=zeros, wins=zeros,
+              promotions=zeros)
+  return state.replace(extra=spawn(m, pend, n, k, s))
+
+
+def step(fwd, state: st.DecodeState, n: int, k: int, c: int, s: int) -> st.DecodeState:
+  """One forward over [main stream | candidates]; see the module docstring."""
+  m: MRState = state.extra
+  b, w = m.drafts.shape
+  tm = w + 1  # main stream slots, K*n
+  rows = jnp.arange(b)
+  active = ~state.done
+  cache = st.flush(state)
+  pend = st.last_tokens(state)
+  p0 = (state.prompt_lens + state.lengths - 1)[:, None]  # the pending token's position
+  main = jnp.concatenate([pend[:, None], m.drafts], 1)  # [B, K*n]
+  tokens, pos = main, p0 + jnp.arange(tm)
+  if c:
+    cands, valid = pool_lookup(m.pool, m.ptr, pend, c)  # [B, C, n]
+    tokens = jnp.concatenate([main, cands.reshape(b, c * n)], 1)
+    pos = jnp.concatenate([pos, jnp.tile(p0 + jnp.arange(n), (1, c))], 1)
+  mask = masks.decode_candidates(cache.lengths, cache.slots, tm, n, c)
+  logits, kv = fwd(tokens, pos, mask, cache)
+  g = jnp.argmax(logits, -1).astype(jnp.int32)  # [B, T]
+  # the segments that verify the RA block, [B, 1+C, n]: the main block, then the candidates
+  seg, seg_g = main[:, None, :n], g[:, None, :n]
+  if c:
+    seg = jnp.concatenate([seg, cands], 1)
+    seg_g = jnp.concatenate([seg_g, g[:, tm:].reshape(b, c, n)], 1)
+  n_acc = jnp.minimum(prefix_len(seg[..., 1:] == seg_g[..., :-1]), m.ra_len[:, None])
+  if c:
+    n_acc = n_acc.at[:, 1:].set(jnp.where(valid, n_acc[:, 1:], -1))
+  win = jnp.argmax(n_acc, -1)  # the first maximum: the main block on ties
+  n_win, tok_win, g_win = n_acc[rows, win], seg[rows, win], seg_g[rows, win]
+  nxt = g_win[rows, n_win]
+  new = jnp.concatenate([tok_win[:, 1:], nxt[:, None]], 1).at[rows, n_win].set(nxt)
+  src = jnp.where(win == 0, 0, tm + (win - 1) * n)[:, None] + jnp.arange(n)  # winner's rows
+  pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_win + 1, 0))
+  state = state.replace(cache=cache, pending=pending, forwards=state.forwards + active)
+  state, _ = st.emit(state, new, n_win + 1)
+  if c:  # recycle the main block's rejected tail
+    n_main, end = n_acc[:, 0], m.ra_len + m.blocks * n  # end: drafts in the stream
+    tail = jnp.take_along_axis(
+        m.drafts, jnp.minimum(n_main[:, None] + jnp.arange(n), end[:, None] - 1), 1)
+    ok = active & (n_main < m.ra_len) & (end - n_main >= 2)
+    pool, ptr = pool_insert(m.pool, m.ptr, tail, ok)
+    m = m.replace(pool=pool, ptr=ptr, wins=m.wins + (active & (win > 0)))
+  m = advance(m, g[:, :tm], g_win, n_win, nxt, active, n, k, s)
+  return state.replace(step=state.step + 1, extra=m)

@@ -77,21 +77,34 @@ def humaneval_prompts(encode, n: int, max_tokens: int) -> list[list[int]]:
   return [encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
 
 
-def bench_methods():
-  """Every method the bench runs after the AR baseline."""
+def bench_methods(jf_model=None):
+  """Every method the bench runs after the AR baseline; Jacobi Forcing rows when a distilled
+  model (same architecture as the base) is given."""
   from paraflax import decoders
   from paraflax.evaluation.bench import Method
-  return [Method("jacobi", decoders.Jacobi(block_size=8), "block 8"),
-          Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
+  methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
+             Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
+  if jf_model is not None:
+    methods += [Method("jacobi_forcing", decoders.Jacobi(block_size=16), "block 16",
+                       model=jf_model, weights="jf")]
+  return methods
 
 
 def cmd_bench(args):
   from paraflax.evaluation import bench
+  from paraflax.training import load_trained
   model, tok, encode = load_model(args)
+  jf_model = None
+  if args.jf_workdir:
+    jf_model, jf_tok, _ = load_trained(args.jf_workdir)
+    if jf_tok.fingerprint() != tok.fingerprint() or jf_model.cfg != model.cfg:
+      raise ValueError(f"--jf-workdir {args.jf_workdir!r} is not a distilled copy of the base "
+                       "model (different tokenizer or model config)")
   max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
   prompts = humaneval_prompts(encode, args.prompts, max_prompt)
-  rows = bench.run_bench(model, prompts, bench_methods(), max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size, eos_id=tok.eos_id)
+  rows = bench.run_bench(model, prompts, bench_methods(jf_model),
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         eos_id=tok.eos_id)
   print(bench.format_table(rows))
   if args.json:
     print(f"wrote {bench.write_json(rows, args.json)}")
@@ -147,6 +160,22 @@ def cmd_demo(args):
   cmd_bench(args)
 
 
+def cmd_collect(args):
+  from paraflax.data.pipeline import prepare_stdlib
+  from paraflax.training import load_trained, trajectories
+  model, tok, train_cfg = load_trained(args.workdir)
+  cfg = trajectories.CollectConfig(
+      block_size=args.block_size, num_blocks=args.num_blocks, examples=args.examples,
+      min_prompt_len=args.min_prompt_len, max_prompt_len=args.max_prompt_len,
+      batch_size=args.batch_size, seed=args.seed)
+  data = prepare_stdlib(train_cfg.data, tokenizer=tok)  # prompts: the model's training split
+  out = trajectories.collect(model, tok, data.train_tokens, args.out, cfg, source=args.workdir)
+  stats = trajectories.load(out)
+  print(json.dumps({"out": str(out), "examples": len(stats.prompt_lens),
+                    "mean_iterations_per_block": float(stats.iterations.mean()),
+                    "block_size": cfg.block_size}))
+
+
 def cmd_convert(args):
   from paraflax import hf
   info = hf.convert_hf(args.from_hf, args.out)
@@ -199,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-prompt-tokens", type=int, default=192)
     q.add_argument("--batch-size", type=int, default=4)
     q.add_argument("--json", default=None, help="write per-method results to this file")
+    q.add_argument("--jf-workdir", default=None,
+                   help="a Jacobi Forcing model distilled from the base (adds its rows)")
 
   b = sub.add_parser("bench", help="every method side by side on HumanEval prompts")
   model_flags(b)
@@ -212,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
                  help="with --retrain: store the result as the repository's shipped checkpoint")
   bench_flags(d)
   d.set_defaults(fn=cmd_demo)
+
+  j = sub.add_parser("collect-trajectories", help="store the model's own greedy Jacobi "
+                     "trajectories on training prompts (Jacobi Forcing data; resumable)")
+  j.add_argument("--workdir", required=True, help="the model: a training workdir")
+  j.add_argument("--out", required=True, help="trajectory store directory")
+  j.add_argument("--block-size", type=int, default=16)
+  j.add_argument("--num-blocks", type=int, default=4)
+  j.add_argument("--examples", type=int, default=2048)
+  j.add_argument("--min-prompt-len", type=int, default=32)
+  j.add_argument("--max-prompt-len", type=int, default=96)
+  j.add_argument("--batch-size", type=int, default=64)
+  j.add_argument("--seed", type=int, default=0)
+  j.set_defaults(fn=cmd_collect)
 
   c = sub.add_parser("convert", help="Hugging Face checkpoint -> paraflax (orbax) directory")
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")

@@ -8,6 +8,7 @@ import pytest
 from paraflax import cli
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "micro_ar.py")
+JF_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "micro_jacobi_forcing.py")
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,23 @@ def test_user_errors_are_one_line(tmp_path, capsys):
   assert cli.main(["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("paraflax generate: error:") and "missing" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_jacobi_forcing_round_trip_collect_train_bench(workdir, tmp_path):
+  """collect-trajectories -> a Jacobi Forcing run initialised from the AR run -> bench rows."""
+  store, jf = tmp_path / "traj", tmp_path / "jf"
+  assert cli.main(["collect-trajectories", "--workdir", str(workdir), "--out", str(store),
+                   "--block-size", "4", "--num-blocks", "2", "--examples", "32",
+                   "--min-prompt-len", "4", "--max-prompt-len", "16", "--batch-size", "8"]) == 0
+  assert json.loads((store / "progress.json").read_text()) == {"batches": 4}  # 4 x 8 examples
+  assert cli.main(["train", "--config", JF_CONFIG, "--workdir", str(jf),
+                   "--set", f"init_from={workdir}", "--set", f"trajectories.path={store}"]) == 0
+  metrics = [json.loads(line) for line in (jf / "metrics.jsonl").read_text().splitlines()]
+  assert {"consistency", "ar_loss", "noisy_accuracy"} <= set(metrics[-2])
+  path = tmp_path / "bench.json"
+  assert cli.main(["bench", "--workdir", str(workdir), "--jf-workdir", str(jf), "--prompts", "2",
+                   "--max-new-tokens", "8", "--batch-size", "2", "--json", str(path)]) == 0
+  rows = {r["method"]: r for r in json.loads(path.read_text())}
+  assert rows["jacobi_forcing"]["weights"] == "jf"
+  assert rows["jacobi_forcing"]["exact_match_vs_ar"] == 1.0  # vs AR of the distilled weights

@@ -50,3 +50,141 @@ def test_noise_aware_mask_equals_the_hand_built_one():
   np.testing.assert_array_equal(got, want)
   padded = masks.noise_aware(jnp.array([[0, 1, 2, 0]]), jnp.array([[True, True, True, False]]))
   np.testing.assert_array_equal(padded[0, :, 3], [False, False, False, True])
+
+
+def _ragged(rng, b, p, vocab):
+  lens = rng.integers(2, p + 1, b).astype(np.int32)
+  prompts = np.zeros((b, p), np.int32)
+  for i, n in enumerate(lens):
+    prompts[i, :n] = rng.integers(4, vocab, n)
+  return prompts, lens
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
+  import jax
+  import paraflax as pf
+  from paraflax.decoding.state import Forward
+  from paraflax.training.trajectories import jacobi_trajectories
+  prompts, lens = _ragged(np.random.default_rng(0), 3, 9, 48)
+  traj, iters = jax.device_get(jacobi_trajectories(
+      Forward.of(model), jnp.asarray(prompts), jnp.asarray(lens), jax.random.key(0),
+      block_size=n, num_blocks=3))
+  assert traj.shape == (3, 3, n + 1, n) and iters.shape == (3, 3)
+  ar = pf.generate(model, [p[:k].tolist() for p, k in zip(prompts, lens)], max_new_tokens=3 * n)
+  np.testing.assert_array_equal(traj[:, :, -1].reshape(3, -1), ar.tokens)
+  fixed = traj[:, :, -1:]
+  for k in range(n + 1):  # after k iterations the first k tokens are final
+    np.testing.assert_array_equal(traj[:, :, k, :k], fixed[:, :, 0, :k])
+  assert np.all(iters <= n) and np.all(iters >= 0)
+  for row in range(3):  # initial guesses come from the row's own prompt
+    assert set(traj[row, :, 0].ravel()) <= set(prompts[row, :lens[row]])
+  converged = np.all(traj == fixed, -1)  # [B, nb, n+1]
+  np.testing.assert_array_equal(np.argmax(converged, -1), iters)
+  assert np.all(converged[np.arange(n + 1) >= iters[..., None]])
+
+
+class _Tok:
+  def fingerprint(self):
+    return "micro"
+
+  def save(self, path):
+    path.write_text("{}")
+
+
+def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model, tmp_path,
+                                                                         monkeypatch):
+  from paraflax.training import trajectories as tr
+  tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
+  cfg = tr.CollectConfig(block_size=4, num_blocks=2, examples=10, min_prompt_len=3,
+                         max_prompt_len=8, batch_size=4)
+  whole = tr.load(tr.collect(model, _Tok(), tokens, tmp_path / "a", cfg, progress=False))
+  real, calls = tr.jacobi_trajectories, []
+
+  def crash_on_second(*a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return real(*a, **k)
+
+  monkeypatch.setattr(tr, "jacobi_trajectories", crash_on_second)
+  with pytest.raises(KeyboardInterrupt):
+    tr.collect(model, _Tok(), tokens, tmp_path / "b", cfg, progress=False)
+  with pytest.raises(ValueError, match="incomplete"):
+    tr.load(tmp_path / "b")
+  monkeypatch.setattr(tr, "jacobi_trajectories", real)
+  resumed = tr.load(tr.collect(model, _Tok(), tokens, tmp_path / "b", cfg, progress=False))
+  for k in tr.ARRAYS:
+    np.testing.assert_array_equal(getattr(resumed, k), getattr(whole, k))
+  assert whole.trajectories.shape == (10, 2, 5, 4)
+  other = tr.CollectConfig(block_size=2, num_blocks=2, examples=10, min_prompt_len=3,
+                           max_prompt_len=8, batch_size=4)
+  with pytest.raises(ValueError, match="other settings"):
+    tr.collect(model, _Tok(), tokens, tmp_path / "b", other, progress=False)
+
+
+def test_example_targets_partners_and_consistency_weights():
+  prompt = np.array([7, 8])
+  noisy = np.array([[1, 9], [9, 9]])  # block 0 departs at slot 1, block 1 at slot 0
+  clean = np.array([[1, 2], [3, 4]])
+  ex = jf.example(prompt, noisy, clean, 12)
+  #            p  p  n1 n1 c1 c1 n2 n2 c2 c2 pad pad
+  assert ex["tokens"].tolist() == [7, 8, 1, 9, 1, 2, 9, 9, 3, 4, 0, 0]
+  assert ex["valid"].tolist() == [1] * 10 + [0, 0]
+  assert ex["ar_targets"].tolist() == [8, 1, 0, 0, 2, 3, 0, 0, 4, 0, 0, 0]
+  assert ex["ar_weights"].tolist() == [1, 1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0]
+  assert ex["partner"].tolist() == [0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 10, 11]
+  assert ex["kl_weights"].tolist() == [0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0]
+  with pytest.raises(ValueError, match="more than the row length"):
+    jf.example(prompt, noisy, clean, 9)
+
+
+def test_packed_forward_equals_separate_causal_forwards_of_both_streams(model):
+  """One forward over the packed row gives the clean stream's and the noisy stream's own causal
+  logits: the noise-aware mask and the shared positions are what make that true."""
+  import paraflax as pf
+  prompt, noisy, clean = np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]), \
+      np.array([[1, 2, 3], [4, 5, 6]])
+  ex = {k: jnp.asarray(v)[None] for k, v in jf.example(prompt, noisy, clean, 16).items()}
+  packed, _ = model(ex["tokens"], ex["positions"], masks.noise_aware(ex["kinds"], ex["valid"]))
+
+  def causal(seq):
+    t = len(seq)
+    return model(jnp.asarray(seq)[None], jnp.arange(t)[None], pf.masks.causal(jnp.array([t]), t))[0][0]
+
+  clean_logits = causal(np.concatenate([prompt, clean.ravel()]))
+  noisy_logits = causal(np.concatenate([prompt, noisy.ravel()]))
+  idx = jf.clean_stream(3, 2, 3)
+  np.testing.assert_allclose(packed[0, idx], clean_logits, atol=1e-5)
+  noisy_idx = np.concatenate([np.arange(3), [3, 4, 5, 9, 10, 11]])
+  np.testing.assert_allclose(packed[0, noisy_idx], noisy_logits, atol=1e-5)
+
+
+def test_jacobi_forcing_loss_gradients_follow_the_recipe(model):
+  """The clean twin is a stop-gradient teacher; AR and consistency terms add with weight w."""
+  import jax
+  from flax import nnx
+  ex = jf.example(np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]),
+                  np.array([[1, 2, 3], [4, 5, 6]]), 16)
+  batch = {k: jnp.asarray(np.stack([v, v])) for k, v in ex.items()}
+  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=10.0)
+  np.testing.assert_allclose(loss, m["consistency"] + 10 * m["ar_loss"], rtol=1e-6)
+  assert 0 <= m["noisy_accuracy"] <= 1 and m["consistency"] > 0
+  # with no consistency slots the loss is exactly w * AR
+  zero = {**batch, "kl_weights": jnp.zeros_like(batch["kl_weights"])}
+  loss0, m0 = jf.jacobi_forcing_loss(model, zero, None, ar_weight=3.0)
+  np.testing.assert_allclose(loss0, 3 * m0["ar_loss"], rtol=1e-6)
+  # the teacher is detached: when noisy rows equal clean rows the student's logits equal the
+  # teacher's and the soft CE's gradient softmax(z) - p vanishes; a live teacher would add the
+  # entropy gradient, which does not
+  same = jf.example(np.array([5, 6, 7]), np.array([[1, 2, 3], [4, 5, 6]]),
+                    np.array([[1, 2, 3], [4, 5, 6]]), 16)
+  same = {k: jnp.asarray(v[None]) for k, v in same.items()}
+  same["kl_weights"] = jnp.where(same["kinds"] == masks.NOISY, 1.0, 0.0)
+  graphdef, params = nnx.split(model)
+  grad = jax.grad(lambda p: jf.jacobi_forcing_loss(nnx.merge(graphdef, p), same, None,
+                                                   ar_weight=0.0)[0])(params)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grad)) < 1e-5
+  ar_grad = jax.grad(lambda p: jf.jacobi_forcing_loss(nnx.merge(graphdef, p), same, None,
+                                                      ar_weight=1.0)[0])(params)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ar_grad)) > 1e-3

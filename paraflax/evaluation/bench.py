@@ -1,8 +1,10 @@
 """`paraflax bench`: every method on the same prompts, warm, in one process.
 
 Per method: tokens per forward (generated tokens / all target forwards, prefill included),
-tokens/s (warm; compile time reported separately), speedup vs the AR baseline of the same
-model, and greedy exact match vs AR. Writes the JSON of DESIGN.md §6 (one object per method).
+tokens/s (warm; compile time reported separately), speedup vs the AR baseline (the base model;
+methods may run other weights of the same architecture, such as a Jacobi Forcing model), and
+greedy exact match vs greedy AR of the weights the method ran. Writes the JSON of DESIGN.md §6
+(one object per method).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ class Method:
   decoder: object
   settings: str = ""
   draft_model: object = None
+  model: object = None  # None: the bench's base model
+  weights: str = "base"  # a name for `model`, shown in the table
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
   method: str
   settings: str
+  weights: str
   tokens: int
   forwards: int
   draft_forwards: int
@@ -73,31 +78,37 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
   if not methods or methods[0].name != "ar":
     methods = [Method("ar", AR(), "greedy")] + list(methods)
   max_prompt_len = max_prompt_len or max(len(p) for p in prompts)
-  rows, ar_outs, ar_tps = [], None, None
+  run = lambda m, ps: _run(m.model or model, ps, m, max_new_tokens, batch_size, eos_id,
+                           max_prompt_len)
+  rows, ar_outs, ar_tps = [], {}, None  # ar_outs: greedy AR tokens per weights
   for method in methods:
     t0 = time.perf_counter()  # warm-up on the first batch: compile (and one run)
-    _run(model, prompts[:batch_size], method, max_new_tokens, batch_size, eos_id, max_prompt_len)
+    run(method, prompts[:batch_size])
     warm = time.perf_counter() - t0
-    outs, tokens, forwards, drafts, seconds = _run(model, prompts, method, max_new_tokens,
-                                                   batch_size, eos_id, max_prompt_len)
+    outs, tokens, forwards, drafts, seconds = run(method, prompts)
     tps = tokens / seconds
-    if ar_outs is None:
-      ar_outs, ar_tps = outs, tps
+    ar_tps = ar_tps or tps
+    if isinstance(method.decoder, AR) and method.decoder.sampler.greedy:
+      ar_outs.setdefault(method.weights, outs)
     greedy = getattr(getattr(method.decoder, "sampler", None), "greedy", True)
-    exact = float(np.mean([a == b for a, b in zip(outs, ar_outs)])) if greedy else None
-    rows.append(Row(method.name, method.settings, tokens, forwards, drafts, tokens / forwards,
-                    tps, max(warm - seconds * batch_size / len(prompts), 0.0), tps / ar_tps,
-                    exact))
+    exact = None
+    if greedy:
+      if method.weights not in ar_outs:  # the reference of these weights, not shown as a row
+        ar_outs[method.weights] = run(Method("ar", AR(), model=method.model), prompts)[0]
+      exact = float(np.mean([a == b for a, b in zip(outs, ar_outs[method.weights])]))
+    rows.append(Row(method.name, method.settings, method.weights, tokens, forwards, drafts,
+                    tokens / forwards, tps, max(warm - seconds * batch_size / len(prompts), 0.0),
+                    tps / ar_tps, exact))
   return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
-  head = (f"{'method':<12} {'settings':<16} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
+  head = (f"{'method':<14} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
           f"{'speedup':>8} {'exact':>6} {'compile s':>9}")
   lines = [head, "-" * len(head)]
   for r in rows:
     exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"
-    lines.append(f"{r.method:<12} {r.settings:<16} {r.tokens_per_forward:>8.2f} "
+    lines.append(f"{r.method:<14} {r.settings:<18} {r.weights:<8} {r.tokens_per_forward:>8.2f} "
                  f"{r.draft_forwards:>9d} {r.tokens_per_second:>9.1f} {r.speedup_vs_ar:>7.2f}x "
                  f"{exact:>6} {r.compile_seconds:>9.1f}")
   return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Any
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.sharding import MeshConfig
+from paraflax.training.jacobi_forcing import TrajectoryData
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 
@@ -61,6 +62,9 @@ class TrainConfig:
   the learning-rate schedule. `objective` names a function in `objectives.OBJECTIVES`;
   `objective_args` are keyword arguments for it (a mapping, stored as sorted pairs so the
   config stays hashable; values must be JSON-serialisable).
+  `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
+  continual pretraining). `trajectories` swaps the stdlib rows for packed Jacobi Forcing rows
+  (`jacobi_forcing.TrajectoryData`; then `data` gives only batch_size and seed).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
   the rest) shards params, optimizer state and batches over a device mesh (`sharding.py`).
   """
@@ -78,6 +82,8 @@ class TrainConfig:
   objective: str = "ar"
   objective_args: Any = ()  # Mapping[str, Any] or pairs -> tuple[tuple[str, Any], ...]
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) or a mapping -> MeshConfig
+  init_from: str | None = None  # a training workdir whose latest params start this run
+  trajectories: TrajectoryData | None = None  # train on a Jacobi trajectory store instead
 
   def __post_init__(self):
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
@@ -87,6 +93,8 @@ class TrainConfig:
       raise ValueError(f"TrainConfig.eval_batches must be >= 1 or None, got {self.eval_batches}")
     if not 0 <= self.seed < 2**31:
       raise ValueError(f"TrainConfig.seed must be in [0, 2**31), got {self.seed}")
+    if self.trajectories is not None and not isinstance(self.trajectories, TrajectoryData):
+      object.__setattr__(self, "trajectories", TrajectoryData(**self.trajectories))
     if self.data.seq_len > self.model.max_seq_len:
       raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
                        f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "

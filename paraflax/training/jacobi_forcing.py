@@ -1,15 +1,20 @@
 """Jacobi Forcing data: the progressive noise schedule (paper Eq. 7), the choice of a noisy
 point on each block's Jacobi trajectory, and the packed training sequence
 [prompt, noisy_1, clean_1, noisy_2, clean_2, ...] whose noisy/clean pairs share positions.
-The attention mask for it is `masks.noise_aware`. Host-side numpy (data pipeline)."""
+The attention mask for it is `masks.noise_aware`; the data side is host numpy + grain, the
+loss (`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from paraflax import masks
 from paraflax.masks import CLEAN, NOISY, PROMPT
+from paraflax.training.objectives import cross_entropy, register_objective
 
 
 def noise_schedule(num_blocks: int, window: int) -> np.ndarray:
@@ -49,3 +54,125 @@ def pack(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray) -> Pa
                                                      np.full((nb, n), CLEAN))]).astype(np.int32),
       blocks=np.concatenate([np.full(p, -1), pair(*[np.repeat(np.arange(nb)[:, None], n, 1)] * 2)
                              ]).astype(np.int32))
+
+
+def clean_stream(p: int, num_blocks: int, n: int) -> np.ndarray:
+  """Packed indices of the clean stream [prompt, clean_1, clean_2, ...]: clean block i sits at
+  p + (2i + 1) n, after its noisy twin."""
+  blocks = p + n * (2 * np.arange(num_blocks)[:, None] + 1) + np.arange(n)
+  return np.concatenate([np.arange(p), blocks.reshape(-1)])
+
+
+def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
+            length: int) -> dict[str, np.ndarray]:
+  """One packed training row, right-padded to `length`. Keys (all [length]):
+  tokens, positions, kinds, valid; ar_targets/ar_weights (next token of the clean stream, prompt
+  included); partner (the clean twin of a noisy slot, else itself); kl_weights (noisy slots from
+  the first token where the noisy block differs from its fixed point onward)."""
+  packed = pack(prompt, noisy_NxN, clean_NxN)
+  size = len(packed.tokens)
+  if size > length:
+    raise ValueError(f"packed example has {size} tokens, more than the row length {length}")
+  nb, n = clean_NxN.shape
+  p = len(prompt)
+  idx = clean_stream(p, nb, n)
+  targets = np.zeros(length, np.int32)
+  weights = np.zeros(length, np.float32)
+  stream = packed.tokens[idx]
+  targets[idx[:-1]], weights[idx[:-1]] = stream[1:], 1.0
+  partner = np.arange(length, dtype=np.int32)
+  kl = np.zeros(length, np.float32)
+  differs = noisy_NxN != clean_NxN
+  first = np.where(differs.any(1), differs.argmax(1), n)  # [N] first divergent slot
+  for i in range(nb):
+    start = p + 2 * i * n
+    partner[start:start + n] = np.arange(start, start + n) + n
+    kl[start + first[i]:start + n] = 1.0
+  pad = lambda a, v=0: np.concatenate([a, np.full(length - size, v, a.dtype)])
+  return {"tokens": pad(packed.tokens), "positions": pad(packed.positions),
+          "kinds": pad(packed.kinds, PROMPT), "valid": pad(np.ones(size, bool), False),
+          "ar_targets": targets, "ar_weights": weights, "partner": partner, "kl_weights": kl}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryData:
+  """Training data made of a trajectory store (`paraflax collect-trajectories`).
+
+  `noise_window` is Eq. 7's w. Each row draws a random phase o and gives block i the noise
+  level W[(i + o) mod w], so every block index sees every level (Eq. 7 fixes o = 0). The last
+  `val_fraction` of the store's examples are held out for validation.
+  """
+  path: str
+  noise_window: int = 4
+  val_fraction: float = 0.05
+
+  def __post_init__(self):
+    if self.noise_window < 1:
+      raise ValueError(f"noise window must be >= 1, got {self.noise_window}")
+    if not 0.0 < self.val_fraction < 1.0:
+      raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+def row_length(meta: dict) -> int:
+  """Packed row length of a store: longest prompt + noisy and clean copies of every block."""
+  return meta["max_prompt_len"] + 2 * meta["num_blocks"] * meta["block_size"]
+
+
+def _row(data, length: int, window: int, i: int, rng: np.random.Generator) -> dict:
+  traj = data.trajectories[i]  # [N, n+1, n]
+  levels = noise_schedule(len(traj) + window, window)[rng.integers(window):][:len(traj)]
+  noisy = np.stack([pick_noisy(t, t[-1], lvl) for t, lvl in zip(traj, levels)])
+  return example(data.prompts[i, :data.prompt_lens[i]], noisy, traj[:, -1], length)
+
+
+def _stack(rows):
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
+  """(train iterator (checkpointable, infinite, shuffled), validation batches, meta, tokenizer
+  path) for a trajectory store. Batches: the `example` keys, each [batch_size, row_length]."""
+  import grain
+  from paraflax.training import trajectories
+  data = trajectories.load(cfg.path)
+  total = len(data.prompt_lens)
+  n_val = max(1, round(total * cfg.val_fraction))
+  if total - n_val < batch_size or n_val < batch_size:
+    raise ValueError(f"trajectory store {cfg.path!r} has {total} examples: too few for a "
+                     f"batch of {batch_size} in both splits (val_fraction={cfg.val_fraction})")
+  length = row_length(data.meta)
+  make = lambda i, rng: _row(data, length, cfg.noise_window, int(i), rng)
+  train = (grain.MapDataset.range(total - n_val).shuffle(seed=seed).repeat(None)
+           .random_map(make, seed=seed).batch(batch_size, drop_remainder=True))
+  it = iter(train.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  rng = np.random.default_rng(seed)
+  val = [_row(data, length, cfg.noise_window, i, rng) for i in range(total - n_val, total)]
+  val = [_stack(val[j:j + batch_size]) for j in range(0, n_val - batch_size + 1, batch_size)]
+  return it, val, data.meta
+
+
+@register_objective("jacobi_forcing")
+def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature: float = 1.0):
+  """Progressive consistency loss + `ar_weight` x AR loss on the clean stream.
+
+  Consistency: soft cross entropy of every noisy slot's logits against its clean twin's
+  (stop-gradient) logits at `temperature`, times temperature^2, on `kl_weights` slots (from
+  the first token where a noisy block departs from its fixed point). The official code's
+  choices (10x AR, T^2 scaling, first-divergence start) are the defaults.
+  """
+  del rng
+  mask = masks.noise_aware(batch["kinds"], batch["valid"])
+  logits_BxLxV, _ = model(batch["tokens"], batch["positions"], mask)
+  ar, acc = cross_entropy(logits_BxLxV, batch["ar_targets"], batch["ar_weights"])
+  partner = batch["partner"][..., None]
+  teacher = jax.lax.stop_gradient(jnp.take_along_axis(logits_BxLxV, partner, 1))
+  soft = -jnp.sum(jax.nn.softmax(teacher / temperature)
+                  * jax.nn.log_softmax(logits_BxLxV / temperature), -1) * temperature ** 2
+  w = batch["kl_weights"]
+  consistency = jnp.sum(soft * w) / jnp.maximum(w.sum(), 1.0)
+  # would the noisy slot's argmax be the fixed point's next token (a converging guess)?
+  noisy_targets = jnp.take_along_axis(batch["ar_targets"], batch["partner"], 1)
+  hit = jnp.argmax(logits_BxLxV, -1) == noisy_targets
+  noisy_acc = jnp.sum(hit * w) / jnp.maximum(w.sum(), 1.0)
+  return consistency + ar_weight * ar, {"ar_loss": ar, "consistency": consistency,
+                                        "accuracy": acc, "noisy_accuracy": noisy_acc}

@@ -180,13 +180,12 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
   loss_fn = get_objective(cfg.objective, cfg.objective_args)
-  data_cfg = dataclasses.replace(cfg.data, progress=cfg.data.progress and progress)
-  data = prepare_stdlib(data_cfg)
-  cfg.check_tokenizer(data.tokenizer)
-  _check_workdir(cfg, workdir, data.tokenizer)
+  it, val, tokenizer = _data(cfg, progress)
+  cfg.check_tokenizer(tokenizer)
+  _check_workdir(cfg, workdir, tokenizer)
   if main:
     _write_json(workdir / CONFIG, cfg.to_dict())
-    data.tokenizer.save(workdir / TOKENIZER)
+    tokenizer.save(workdir / TOKENIZER)
 
   mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
@@ -194,13 +193,15 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
       lambda k: sharding.put(k, sharding.replicated(mesh)))
   train_key, eval_key = _keys(cfg.seed)
   eval_key = place_key(eval_key)
-  graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  if cfg.init_from is None:
+    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  else:
+    graphdef, params = _initial_params(cfg, mesh)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   lr = optim.schedule(cfg.optim, cfg.schedule_steps)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = init_opt_state(tx, params, mesh)
-  it = train_iterator(data.train_tokens, cfg.data)
-  val = [place(b) for b in validation_batches(data.val_tokens, cfg.data)[:cfg.eval_batches]]
+  val = [place(b) for b in val[:cfg.eval_batches]]
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
   start = ckpt.latest_step() or 0
@@ -264,6 +265,32 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
   return summary
+
+
+def _data(cfg: TrainConfig, progress: bool):
+  """(train iterator, validation batches, tokenizer): stdlib rows, or packed Jacobi Forcing
+  rows of a trajectory store (tokenizer: the one the trajectories were decoded with)."""
+  if cfg.trajectories is not None:
+    from paraflax.training import jacobi_forcing, trajectories
+    it, val, meta = jacobi_forcing.datasets(cfg.trajectories, cfg.data.batch_size, cfg.data.seed)
+    top = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"]
+    if top > cfg.model.max_seq_len:
+      raise ValueError(f"trajectory rows reach position {top}, above the model's max_seq_len "
+                       f"{cfg.model.max_seq_len}")
+    tokenizer = Tokenizer.load(Path(cfg.trajectories.path).expanduser() / trajectories.TOKENIZER)
+    return it, val, tokenizer
+  data = prepare_stdlib(dataclasses.replace(cfg.data, progress=cfg.data.progress and progress))
+  return (train_iterator(data.train_tokens, cfg.data),
+          validation_batches(data.val_tokens, cfg.data), data.tokenizer)
+
+
+def _initial_params(cfg: TrainConfig, mesh):
+  """(graphdef, params) of `cfg.init_from`'s latest checkpoint (same model config)."""
+  model, _, source = load_trained(cfg.init_from, mesh=mesh)
+  if source.model != cfg.model:
+    raise ValueError(f"init_from={cfg.init_from!r} holds a different model config:\n  "
+                     f"{source.model}\nvs\n  {cfg.model}")
+  return nnx.split(model, nnx.Param)
 
 
 class _NoLog:

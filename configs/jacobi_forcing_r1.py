@@ -1,0 +1,30 @@
+"""Jacobi Forcing, round 1: distil the shipped tiny AR model on its own block-16 trajectories.
+
+    paraflax collect-trajectories --workdir checkpoints/tiny_ar \\
+        --out ~/.cache/paraflax/jf/r1_trajectories --block-size 16 --num-blocks 4 --examples 2048
+    paraflax train --config configs/jacobi_forcing_r1.py --workdir runs/jf_r1
+
+Round 2 (`configs/jacobi_forcing_r2.py`) collects block-32 trajectories from this model.
+"""
+
+import dataclasses
+from pathlib import Path
+
+from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.jacobi_forcing import TrajectoryData
+
+
+def get_config() -> TrainConfig:
+  base = load_config(Path(__file__).with_name("tiny_ar.py"))
+  return dataclasses.replace(
+      base,
+      init_from="checkpoints/tiny_ar",
+      trajectories=TrajectoryData(path="~/.cache/paraflax/jf/r1_trajectories", noise_window=4),
+      objective="jacobi_forcing",
+      objective_args={"ar_weight": 10.0, "temperature": 1.0},
+      optim=OptimConfig(peak_lr=5e-4, warmup_steps=20, end_lr_fraction=0.1, weight_decay=0.1),
+      steps=600,
+      eval_every=100,
+      checkpoint_every=100,
+  )
+

@@ -1,0 +1,21 @@
+"""Jacobi Forcing, round 2 (progressive distillation): block-32 trajectories collected from the
+round-1 model, trained from it.
+
+    paraflax collect-trajectories --workdir runs/jf_r1 \\
+        --out ~/.cache/paraflax/jf/r2_trajectories --block-size 32 --num-blocks 2 --examples 2048
+    paraflax train --config configs/jacobi_forcing_r2.py --workdir runs/jf_r2
+"""
+
+import dataclasses
+from pathlib import Path
+
+from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.jacobi_forcing import TrajectoryData
+
+
+def get_config() -> TrainConfig:
+  return dataclasses.replace(
+      load_config(Path(__file__).with_name("jacobi_forcing_r1.py")),
+      init_from="runs/jf_r1",
+      trajectories=TrajectoryData(path="~/.cache/paraflax/jf/r2_trajectories", noise_window=2),
+  )

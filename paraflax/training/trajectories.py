@@ -1,0 +1,221 @@
+"""Jacobi trajectories for Jacobi Forcing: the model's own greedy Jacobi decoding over fixed-span
+blocks, every intermediate state kept, stored with tensorstore.
+
+Block b of a row covers the n positions after the previous block's fixed point. Its state
+y_0 (guesses drawn from the row's prompt) is refined by y_{k+1} = argmax model([last, y_k[:-1]])
+until y_{k+1} = y_k: the fixed point, which is the greedy AR continuation (at least k tokens are
+right after k iterations, so y_n is the fixed point). Then the block's KV is committed and the
+next block starts. States after convergence repeat the fixed point, so a block's trajectory is
+always `[n + 1, n]`: `traj[0]` the initial guess, `traj[n]` the fixed point.
+
+A store is a directory:
+    meta.json       block_size, num_blocks, max_prompt_len, examples, batch_size, source model
+    tokenizer.json  the tokenizer of the model that decoded
+    progress.json   {"batches": k}: the first k batches are written (collection resumes there)
+    prompts/        zarr int32 [N, P] right-padded       prompt_lens/ zarr int32 [N]
+    trajectories/   zarr int32 [N, num_blocks, n + 1, n]  iterations/  zarr int32 [N, num_blocks]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+from tqdm.auto import tqdm
+
+from paraflax import masks
+from paraflax.cache import commit
+from paraflax.decoding.state import Forward, prefill
+
+META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
+ARRAYS = ("prompts", "prompt_lens", "trajectories", "iterations")
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "num_blocks"))
+def jacobi_trajectories(fwd: Forward, prompts_BxP, prompt_lens_B, rng, *, block_size: int,
+                        num_blocks: int):
+  """Greedy fixed-span Jacobi decoding of `num_blocks` blocks after each prompt.
+
+  Returns (trajectories [B, num_blocks, n + 1, n], iterations [B, num_blocks]: the state index
+  at which each block reached its fixed point).
+  """
+  n = block_size
+  b, p = prompts_BxP.shape
+  # the last prompt token is fed with the first block, so the cache holds the rest
+  cache, _ = prefill(fwd, prompts_BxP, prompt_lens_B - 1, p + num_blocks * n + 1)
+  last = prompts_BxP[jnp.arange(b), prompt_lens_B - 1]  # [B]
+  rows = jnp.arange(b)[:, None]
+
+  def one_block(carry, key):
+    cache, last = carry
+    pick = jax.random.randint(key, (b, n), 0, prompt_lens_B[:, None])
+    y0 = prompts_BxP[rows, pick]  # [B, n] guesses: tokens of the prompt
+    pos = cache.lengths[:, None] + jnp.arange(n)
+    mask = masks.decode(cache.lengths, cache.slots, n)
+
+    def refine(c):
+      k, y, traj, _, _ = c
+      chunk = jnp.concatenate([last[:, None], y[:, :-1]], 1)
+      logits, kv = fwd(chunk, pos, mask, cache)
+      new = jnp.argmax(logits, -1).astype(jnp.int32)
+      traj = traj.at[jnp.minimum(k + 1, n)].set(new)  # y_{n+1} = y_n: never stored
+      return k + 1, new, traj, jnp.any(new != y), kv
+
+    traj = jnp.zeros((n + 1, b, n), jnp.int32).at[0].set(y0)
+    _, kv0 = jax.eval_shape(lambda: fwd(jnp.zeros((b, n), jnp.int32), pos, mask, cache))
+    kv0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), kv0)
+    k, y, traj, _, kv = jax.lax.while_loop(lambda c: c[3], refine, (0, y0, traj, True, kv0))
+    # the last forward confirmed the fixed point: its input was [last, y[:-1]], commit it all
+    cache = commit(cache, kv, jnp.broadcast_to(jnp.arange(n), (b, n)), jnp.full((b,), n))
+    steps = jnp.arange(n + 1)[:, None, None]
+    fixed = jnp.all(traj == y[None], -1)  # [n+1, B]: state equals the fixed point
+    first = jnp.argmax(fixed, 0)  # [B] iterations this row needed
+    traj = jnp.where(steps >= jnp.minimum(k, n), y[None], traj)  # pad with the fixed point
+    return (cache, y[:, -1]), (jnp.moveaxis(traj, 0, 1), first)
+
+  _, (traj, iters) = jax.lax.scan(one_block, (cache, last), jax.random.split(rng, num_blocks))
+  return jnp.moveaxis(traj, 0, 1), iters.T  # [B, nb, n+1, n], [B, nb]
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+  """What to collect: `examples` prompts of `min_prompt_len..max_prompt_len` tokens from the
+  training split, `num_blocks` blocks of `block_size` tokens each."""
+  block_size: int = 16
+  num_blocks: int = 4
+  examples: int = 2048
+  min_prompt_len: int = 32
+  max_prompt_len: int = 96
+  batch_size: int = 64
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("block_size", "num_blocks", "examples", "batch_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if not 2 <= self.min_prompt_len <= self.max_prompt_len:
+      raise ValueError("need 2 <= min_prompt_len <= max_prompt_len, got "
+                       f"{self.min_prompt_len}, {self.max_prompt_len}")
+
+
+def training_prompts(tokens: np.ndarray, cfg: CollectConfig) -> tuple[np.ndarray, np.ndarray]:
+  """`cfg.examples` random windows of a token stream: (prompts [N, P] right-padded, lengths)."""
+  rng = np.random.default_rng(cfg.seed)
+  need = cfg.max_prompt_len + 1
+  if len(tokens) < need:
+    raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than one prompt")
+  lens = rng.integers(cfg.min_prompt_len, cfg.max_prompt_len + 1, cfg.examples)
+  starts = rng.integers(0, len(tokens) - need, cfg.examples)
+  prompts = np.zeros((cfg.examples, cfg.max_prompt_len), np.int32)
+  for i, (s, n) in enumerate(zip(starts, lens)):
+    prompts[i, :n] = tokens[s:s + n]
+  return prompts, lens.astype(np.int32)
+
+
+def _open(path: Path, name: str, shape, chunk, create: bool):
+  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)}}
+  if create:
+    spec["metadata"] = {"shape": list(shape), "chunks": list(chunk), "dtype": "<i4"}
+    return ts.open(spec, create=True, delete_existing=True).result()
+  return ts.open(spec, open=True).result()
+
+
+def _write_json(path: Path, obj) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=2) + "\n")
+  os.replace(tmp, path)
+
+
+def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: CollectConfig, *,
+            source: str = "", progress: bool = True) -> Path:
+  """Decode `cfg.examples` prompts drawn from `tokens` with fixed-span Jacobi and store every
+  trajectory under `out`. Resumes a partial store made with the same settings."""
+  out = Path(out).expanduser()
+  n, nb, bs = cfg.block_size, cfg.num_blocks, cfg.batch_size
+  if cfg.max_prompt_len + nb * n > model.cfg.max_seq_len:
+    raise ValueError(f"max_prompt_len + num_blocks * block_size = "
+                     f"{cfg.max_prompt_len + nb * n} exceeds the model's max_seq_len "
+                     f"{model.cfg.max_seq_len}")
+  meta = {**dataclasses.asdict(cfg), "source": str(source),
+          "tokenizer": tokenizer.fingerprint()}
+  total = -(-cfg.examples // bs)
+  done = 0
+  if (out / META).is_file() and (out / PROGRESS).is_file():
+    old = json.loads((out / META).read_text())
+    if old != meta:
+      diff = sorted(k for k in meta if old.get(k) != meta[k])
+      raise ValueError(f"{str(out)!r} holds trajectories collected with other settings "
+                       f"({', '.join(diff)}); use a fresh directory")
+    done = json.loads((out / PROGRESS).read_text())["batches"]
+  shapes = {"prompts": ((cfg.examples, cfg.max_prompt_len), (bs, cfg.max_prompt_len)),
+            "prompt_lens": ((cfg.examples,), (bs,)),
+            "trajectories": ((cfg.examples, nb, n + 1, n), (bs, nb, n + 1, n)),
+            "iterations": ((cfg.examples, nb), (bs, nb))}
+  if done == 0:
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {k: _open(out, k, *shapes[k], create=True) for k in ARRAYS}
+    _write_json(out / META, meta)
+    tokenizer.save(out / TOKENIZER)
+    _write_json(out / PROGRESS, {"batches": 0})
+  else:
+    arrays = {k: _open(out, k, *shapes[k], create=False) for k in ARRAYS}
+  prompts, lens = training_prompts(tokens, cfg)
+  fwd = Forward.of(model)
+  key = jax.random.key(cfg.seed)
+  bar = tqdm(total=total, initial=done, desc=f"trajectories n={n}", unit="batch",
+             disable=not progress, dynamic_ncols=True)
+  for i in range(done, total):
+    lo, hi = i * bs, min((i + 1) * bs, cfg.examples)
+    pb = np.concatenate([prompts[lo:hi], np.repeat(prompts[hi - 1:hi], bs - (hi - lo), 0)])
+    lb = np.concatenate([lens[lo:hi], np.repeat(lens[hi - 1:hi], bs - (hi - lo))])
+    traj, iters = jax.device_get(jacobi_trajectories(
+        fwd, jnp.asarray(pb), jnp.asarray(lb), jax.random.fold_in(key, i), block_size=n,
+        num_blocks=nb))
+    writes = [arrays["prompts"][lo:hi].write(prompts[lo:hi]),
+              arrays["prompt_lens"][lo:hi].write(lens[lo:hi]),
+              arrays["trajectories"][lo:hi].write(traj[:hi - lo]),
+              arrays["iterations"][lo:hi].write(iters[:hi - lo])]
+    for w in writes:
+      w.result()
+    _write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
+    bar.update(1)
+    bar.set_postfix(iters_per_block=f"{iters[:hi - lo].mean():.1f}/{n}")
+  bar.close()
+  return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trajectories:
+  """A complete store read into memory."""
+  meta: dict
+  prompts: np.ndarray  # [N, P]
+  prompt_lens: np.ndarray  # [N]
+  trajectories: np.ndarray  # [N, num_blocks, n + 1, n]
+  iterations: np.ndarray  # [N, num_blocks]
+
+  @property
+  def fixed_points(self) -> np.ndarray:
+    return self.trajectories[:, :, -1]  # [N, num_blocks, n]
+
+
+def load(path: str | os.PathLike) -> Trajectories:
+  """Read a store; refuses one whose collection has not finished."""
+  path = Path(path).expanduser()
+  if not (path / META).is_file():
+    raise FileNotFoundError(f"no trajectory store at {str(path)!r} (make one with "
+                            "`paraflax collect-trajectories`)")
+  meta = json.loads((path / META).read_text())
+  total = -(-meta["examples"] // meta["batch_size"])
+  done = json.loads((path / PROGRESS).read_text())["batches"]
+  if done < total:
+    raise ValueError(f"trajectory store {str(path)!r} is incomplete ({done}/{total} batches): "
+                     "rerun `paraflax collect-trajectories` with the same settings to finish it")
+  arrays = {k: _open(path, k, None, None, create=False).read().result() for k in ARRAYS}
+  return Trajectories(meta=meta, **{k: np.asarray(v) for k, v in arrays.items()})

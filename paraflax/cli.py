@@ -85,8 +85,10 @@ def bench_methods(jf_model=None):
   methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
              Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
   if jf_model is not None:
+    mr = decoders.Jacobi(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
     methods += [Method("jacobi_forcing", decoders.Jacobi(block_size=16), "block 16",
-                       model=jf_model, weights="jf")]
+                       model=jf_model, weights="jf"),
+                Method("jacobi_forcing_mr", mr, "n16 K2 pool16 C2", model=jf_model, weights="jf")]
   return methods
 
 
@@ -106,45 +108,26 @@ def cmd_bench(args):
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          eos_id=tok.eos_id)
   print(bench.format_table(rows))
+  quality = {}
+  if jf_model is not None:  # distillation changes the weights: how much did quality move?
+    from paraflax.evaluation.quality import heldout_loss
+    quality = {w: {"heldout_loss": heldout_loss(m, tok)}
+               for w, m in (("base", model), ("jf", jf_model))}
+    print("held-out stdlib loss (nats/token, AR): " + ", ".join(
+        f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items()))
   if args.json:
-    print(f"wrote {bench.write_json(rows, args.json)}")
-
-
-def _ship(workdir: Path, dest: Path) -> None:
-  """Copy a run's latest params (no optimizer state) with its config and tokenizer."""
-  import shutil
-  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  if dest.exists():
-    shutil.rmtree(dest)
-  shutil.copytree(workdir, dest, ignore=lambda d, names: [
-      n for n in names if n == "opt_state" or (Path(d).name == "checkpoints" and n.isdigit()
-                                                and int(n) != steps[-1])])
-  print(f"[demo] shipped {workdir} -> {dest}")
-
-
-def _has_checkpoint(workdir: Path) -> bool:
-  return (workdir / "checkpoints").is_dir() and any(
-      p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
+    print(f"wrote {bench.write_json(rows, args.json, by_weights=quality)}")
 
 
 def cmd_demo(args):
-  import shutil
-  from paraflax.training import load_trained, train_from_config_path
-  config = REPO_CONFIGS / "tiny_ar.py"
-  if not config.is_file():
-    raise SystemExit(f"{config} not found: run the demo from a clone of the repository")
-  workdir = CACHE / "demo" / "tiny_ar"
-  shipped = SHIPPED / "tiny_ar"
-  if args.retrain and workdir.exists():
-    shutil.rmtree(workdir)
-  if not args.retrain and not _has_checkpoint(workdir) and _has_checkpoint(shipped):
-    print(f"[demo] using the shipped tiny AR model {shipped} (retrain: paraflax demo --retrain)")
-    shutil.copytree(shipped, workdir, dirs_exist_ok=True)
-  if args.retrain or not _has_checkpoint(workdir):
-    print(f"[demo] training the tiny AR model in {workdir}")
-    train_from_config_path(config, workdir, steps=args.steps)
-    if args.ship:
-      _ship(workdir, shipped)
+  from paraflax.evaluation import demo
+  from paraflax.training import load_trained
+  if not (REPO_CONFIGS / "tiny_ar.py").is_file():
+    raise SystemExit(f"{REPO_CONFIGS} not found: run the demo from a clone of the repository")
+  build = demo.Build(cache=CACHE / "demo", configs=REPO_CONFIGS, shipped=SHIPPED,
+                     retrain=args.retrain, ship=args.ship, steps=args.steps)
+  workdir = demo.ensure("tiny_ar", build)
+  args.jf_workdir = args.jf_workdir or str(demo.ensure(demo.JACOBI_FORCING, build))
   model, tok, _ = load_trained(workdir)
   print("\n[demo] HumanEval completions (greedy AR):")
   args.workdir, args.hf = str(workdir), None
@@ -160,20 +143,25 @@ def cmd_demo(args):
   cmd_bench(args)
 
 
-def cmd_collect(args):
+def collect_trajectories(workdir, out, cfg) -> dict:
+  """`trajectories.collect` of a training workdir's model on prompts from its training split."""
   from paraflax.data.pipeline import prepare_stdlib
   from paraflax.training import load_trained, trajectories
-  model, tok, train_cfg = load_trained(args.workdir)
-  cfg = trajectories.CollectConfig(
-      block_size=args.block_size, num_blocks=args.num_blocks, examples=args.examples,
-      min_prompt_len=args.min_prompt_len, max_prompt_len=args.max_prompt_len,
-      batch_size=args.batch_size, seed=args.seed)
-  data = prepare_stdlib(train_cfg.data, tokenizer=tok)  # prompts: the model's training split
-  out = trajectories.collect(model, tok, data.train_tokens, args.out, cfg, source=args.workdir)
-  stats = trajectories.load(out)
-  print(json.dumps({"out": str(out), "examples": len(stats.prompt_lens),
-                    "mean_iterations_per_block": float(stats.iterations.mean()),
-                    "block_size": cfg.block_size}))
+  model, tok, train_cfg = load_trained(workdir)
+  data = prepare_stdlib(train_cfg.data, tokenizer=tok)
+  out = trajectories.collect(model, tok, data.train_tokens, out, cfg, source=str(workdir))
+  iters = trajectories.load(out).iterations
+  return {"out": str(out), "examples": len(iters), "block_size": cfg.block_size,
+          "mean_iterations_per_block": float(iters.mean())}
+
+
+def cmd_collect(args):
+  from paraflax.training.trajectories import CollectConfig
+  cfg = CollectConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                      examples=args.examples, min_prompt_len=args.min_prompt_len,
+                      max_prompt_len=args.max_prompt_len, batch_size=args.batch_size,
+                      seed=args.seed)
+  print(json.dumps(collect_trajectories(args.workdir, args.out, cfg)))
 
 
 def cmd_convert(args):

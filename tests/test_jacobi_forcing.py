@@ -188,3 +188,25 @@ def test_jacobi_forcing_loss_gradients_follow_the_recipe(model):
   ar_grad = jax.grad(lambda p: jf.jacobi_forcing_loss(nnx.merge(graphdef, p), same, None,
                                                       ar_weight=1.0)[0])(params)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ar_grad)) > 1e-3
+
+
+def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
+  ex = jf.example(np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]),
+                  np.array([[1, 2, 3], [4, 5, 6]]), 16)
+  batch = {k: jnp.asarray(v[None]) for k, v in ex.items()}
+  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=2.0, consistency="hard")
+  logits, _ = model(batch["tokens"], batch["positions"],
+                    masks.noise_aware(batch["kinds"], batch["valid"]))
+  logp = np.asarray(jax_log_softmax(logits[0]))
+  # noisy slots from the first divergence: block 0 slots 1, 2 (idx 4, 5) -> fixed point 3, 4;
+  # block 1 slots 0..2 (idx 9..11) -> fixed point 5, 6 and nothing after the last block
+  want = -np.mean([logp[4, 3], logp[5, 4], logp[9, 5], logp[10, 6]])
+  np.testing.assert_allclose(m["consistency"], want, rtol=1e-5)
+  np.testing.assert_allclose(loss, want + 2 * m["ar_loss"], rtol=1e-5)
+  with pytest.raises(ValueError, match="consistency must be"):
+    jf.jacobi_forcing_loss(model, batch, None, consistency="kl")
+
+
+def jax_log_softmax(x):
+  import jax
+  return jax.nn.log_softmax(x, -1)

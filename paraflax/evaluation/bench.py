@@ -114,8 +114,12 @@ def format_table(rows: Sequence[Row]) -> str:
   return "\n".join(lines)
 
 
-def write_json(rows: Sequence[Row], path: str | Path, meta: dict | None = None) -> Path:
+def write_json(rows: Sequence[Row], path: str | Path, meta: dict | None = None,
+               by_weights: dict[str, dict] | None = None) -> Path:
+  """One object per row, plus `meta` on every row and `by_weights[row.weights]` on its rows."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps([{**dataclasses.asdict(r), **(meta or {})} for r in rows], indent=2))
+  by_weights = by_weights or {}
+  path.write_text(json.dumps([{**dataclasses.asdict(r), **(meta or {}),
+                               **by_weights.get(r.weights, {})} for r in rows], indent=2))
   return path

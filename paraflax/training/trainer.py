@@ -285,12 +285,17 @@ def _data(cfg: TrainConfig, progress: bool):
 
 
 def _initial_params(cfg: TrainConfig, mesh):
-  """(graphdef, params) of `cfg.init_from`'s latest checkpoint (same model config)."""
-  model, _, source = load_trained(cfg.init_from, mesh=mesh)
-  if source.model != cfg.model:
-    raise ValueError(f"init_from={cfg.init_from!r} holds a different model config:\n  "
-                     f"{source.model}\nvs\n  {cfg.model}")
-  return nnx.split(model, nnx.Param)
+  """(graphdef, params) of `cfg.model` holding `cfg.init_from`'s latest weights: any run
+  whose parameters have the same shapes (a diffusion model may add a mask token id)."""
+  source, _, _ = load_trained(cfg.init_from, mesh=mesh)
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))),
+                               nnx.Param)
+  loaded = nnx.split(source, nnx.Param)[1]
+  shapes = lambda t: (jax.tree.structure(t), [(x.shape, x.dtype) for x in jax.tree.leaves(t)])
+  if shapes(params) != shapes(loaded):
+    raise ValueError(f"init_from={cfg.init_from!r} holds parameters of other shapes than "
+                     f"model config {cfg.model}")
+  return graphdef, loaded
 
 
 class _NoLog:

@@ -1,0 +1,100 @@
+"""The models `paraflax demo` needs, each made by a repository config (or reused).
+
+A stage is one trained model. Stages that distil another model (Jacobi Forcing rounds) first
+collect that model's trajectories. `ensure` returns a stage's workdir under the cache: reused
+when it holds a checkpoint, copied from the repository's shipped snapshot (`checkpoints/NAME`,
+params only) when there is one, trained otherwise (its dependencies first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from paraflax.training.trajectories import CollectConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  name: str  # workdir name under the cache and shipped name under checkpoints/
+  config: str  # configs/<config>.py
+  init_from: str | None = None  # the stage whose weights this one starts from
+  collect: CollectConfig | None = None  # trajectories of `init_from`'s model to train on
+
+  def __post_init__(self):
+    if self.collect is not None and self.init_from is None:
+      raise ValueError(f"stage {self.name!r} collects trajectories but has no init_from model")
+
+
+STAGES = {s.name: s for s in [
+    Stage("tiny_ar", "tiny_ar"),
+    Stage("jacobi_forcing_r1", "jacobi_forcing_r1", init_from="tiny_ar",
+          collect=CollectConfig(block_size=16, num_blocks=4, examples=2048)),
+    Stage("jacobi_forcing_r2", "jacobi_forcing_r2", init_from="jacobi_forcing_r1",
+          collect=CollectConfig(block_size=32, num_blocks=2, examples=2048)),
+]}
+
+JACOBI_FORCING = "jacobi_forcing_r1"  # the distilled model the bench compares
+
+
+def has_checkpoint(workdir: Path) -> bool:
+  return (workdir / "checkpoints").is_dir() and any(
+      p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
+
+
+def ship(workdir: Path, dest: Path) -> None:
+  """Copy a run's latest params (no optimizer state) with its config and tokenizer."""
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  if dest.exists():
+    shutil.rmtree(dest)
+  shutil.copytree(workdir, dest, ignore=lambda d, names: [
+      n for n in names if n == "opt_state" or (Path(d).name == "checkpoints" and n.isdigit()
+                                                and int(n) != steps[-1])])
+  print(f"[demo] shipped {workdir} -> {dest}")
+
+
+@dataclasses.dataclass
+class Build:
+  """Where stages live and how to make them; `built` remembers what this run retrained."""
+  cache: Path  # workdirs: cache / NAME
+  configs: Path  # the repository's configs/
+  shipped: Path  # the repository's checkpoints/
+  retrain: bool = False
+  ship: bool = False  # copy what was trained to `shipped`
+  steps: int | None = None  # override every stage's training steps
+  built: set = dataclasses.field(default_factory=set)
+
+
+def ensure(name: str, b: Build) -> Path:
+  """The workdir of stage `name`, trained (with its dependencies) when needed."""
+  from paraflax.training import train_from_config_path
+  stage = STAGES[name]
+  workdir = b.cache / name
+  if name in b.built:
+    return workdir
+  if b.retrain and workdir.exists():
+    shutil.rmtree(workdir)
+  if not b.retrain and not has_checkpoint(workdir) and has_checkpoint(b.shipped / name):
+    print(f"[demo] using the shipped model {b.shipped / name} (retrain: paraflax demo --retrain)")
+    shutil.copytree(b.shipped / name, workdir, dirs_exist_ok=True)
+  if has_checkpoint(workdir):
+    return workdir
+  overrides = {}
+  if stage.init_from is not None:
+    source = ensure(stage.init_from, b)
+    overrides["init_from"] = str(source)
+  if stage.collect is not None:
+    from paraflax.cli import collect_trajectories
+    store = b.cache / f"{name}_trajectories"
+    if b.retrain and store.exists():
+      shutil.rmtree(store)
+    collect_trajectories(source, store, stage.collect)
+    overrides["trajectories.path"] = str(store)
+  print(f"[demo] training {name} ({b.configs / (stage.config + '.py')}) in {workdir}")
+  train_from_config_path(b.configs / f"{stage.config}.py", workdir, steps=b.steps,
+                         overrides=overrides)
+  b.built.add(name)
+  if b.ship:
+    ship(workdir, b.shipped / name)
+  return workdir

@@ -146,7 +146,8 @@ def _keys(seed: int):
   return jax.random.split(jax.random.key(seed), 2)
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
+  """Write JSON atomically (a killed run never leaves half a file)."""
   tmp = path.with_name(path.name + f".tmp{os.getpid()}")
   tmp.write_text(json.dumps(obj, indent=2) + "\n")
   os.replace(tmp, path)
@@ -184,7 +185,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   cfg.check_tokenizer(tokenizer)
   _check_workdir(cfg, workdir, tokenizer)
   if main:
-    _write_json(workdir / CONFIG, cfg.to_dict())
+    write_json(workdir / CONFIG, cfg.to_dict())
     tokenizer.save(workdir / TOKENIZER)
 
   mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)

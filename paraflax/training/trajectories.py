@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from paraflax import masks
 from paraflax.cache import commit
 from paraflax.decoding.state import Forward, prefill
+from paraflax.training.trainer import write_json
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 ARRAYS = ("prompts", "prompt_lens", "trajectories", "iterations")
@@ -127,12 +128,6 @@ def _open(path: Path, name: str, shape, chunk, create: bool):
   return ts.open(spec, open=True).result()
 
 
-def _write_json(path: Path, obj) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=2) + "\n")
-  os.replace(tmp, path)
-
-
 def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: CollectConfig, *,
             source: str = "", progress: bool = True) -> Path:
   """Decode `cfg.examples` prompts drawn from `tokens` with fixed-span Jacobi and store every
@@ -161,9 +156,9 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
   if done == 0:
     out.mkdir(parents=True, exist_ok=True)
     arrays = {k: _open(out, k, *shapes[k], create=True) for k in ARRAYS}
-    _write_json(out / META, meta)
+    write_json(out / META, meta)
     tokenizer.save(out / TOKENIZER)
-    _write_json(out / PROGRESS, {"batches": 0})
+    write_json(out / PROGRESS, {"batches": 0})
   else:
     arrays = {k: _open(out, k, *shapes[k], create=False) for k in ARRAYS}
   prompts, lens = training_prompts(tokens, cfg)
@@ -184,7 +179,7 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
               arrays["iterations"][lo:hi].write(iters[:hi - lo])]
     for w in writes:
       w.result()
-    _write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
+    write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
     bar.update(1)
     bar.set_postfix(iters_per_block=f"{iters[:hi - lo].mean():.1f}/{n}")
   bar.close()

@@ -1,0 +1,70 @@
+"""Tokens per forward against held-out loss for Jacobi Forcing runs distilled from one base.
+
+    python scripts/jf_tradeoff.py --base checkpoints/tiny_ar runs/jf_a runs/jf_b ... --out jf.png
+
+Per run: greedy Jacobi (block 16) and MR (K = 2, pool 16, C = 2) tokens/forward on HumanEval
+prompts (exact vs the run's own greedy AR checked), held-out stdlib loss, and the greedy
+completion of the first prompt, so a collapsed model is visible next to its speed.
+"""
+
+import argparse
+import json
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from paraflax import decoders  # noqa: E402
+from paraflax.cli import humaneval_prompts  # noqa: E402
+from paraflax.evaluation.bench import Method, run_bench  # noqa: E402
+from paraflax.evaluation.quality import heldout_loss  # noqa: E402
+from paraflax.training import load_trained  # noqa: E402
+from paraflax.decoding.generate import generate  # noqa: E402
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--base", required=True)
+  ap.add_argument("runs", nargs="+")
+  ap.add_argument("--prompts", type=int, default=8)
+  ap.add_argument("--out", default="jf_tradeoff.png")
+  args = ap.parse_args()
+  base, tok, _ = load_trained(args.base)
+  prompts = humaneval_prompts(tok.encode, args.prompts, 192)
+  mr = decoders.Jacobi(16, num_blocks=2, pool_size=16, num_candidates=2)
+  results = []
+  for wd in [args.base] + args.runs:
+    model = load_trained(wd)[0]
+    rows = run_bench(base, prompts, [Method("jacobi", decoders.Jacobi(16), model=model, weights=wd),
+                                     Method("mr", mr, model=model, weights=wd)])
+    text = generate(model, prompts[:1], max_new_tokens=32, eos_id=tok.eos_id)
+    text = jax.device_get(text)
+    r = {"run": wd, "heldout_loss": heldout_loss(model, tok),
+         "jacobi_tokens_per_forward": rows[1].tokens_per_forward,
+         "mr_tokens_per_forward": rows[2].tokens_per_forward,
+         "exact": min(rows[1].exact_match_vs_ar, rows[2].exact_match_vs_ar),
+         "greedy_text": tok.decode(text.tokens[0, :text.lengths[0]].tolist())}
+    print(json.dumps(r), flush=True)
+    results.append(r)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in results:
+    ax.plot([r["heldout_loss"]] * 2, [r["jacobi_tokens_per_forward"], r["mr_tokens_per_forward"]],
+            "-", color="0.7")
+    ax.plot(r["heldout_loss"], r["jacobi_tokens_per_forward"], "o", color="C0")
+    ax.plot(r["heldout_loss"], r["mr_tokens_per_forward"], "s", color="C1")
+    ax.annotate(r["run"].rstrip("/").split("/")[-1], (r["heldout_loss"], r["mr_tokens_per_forward"]),
+                fontsize=7, xytext=(3, 3), textcoords="offset points")
+  ax.plot([], [], "o", color="C0", label="Jacobi, block 16")
+  ax.plot([], [], "s", color="C1", label="MR: K=2, pool 16, C=2")
+  ax.set_xlabel("held-out stdlib loss (nats/token, lower is better)")
+  ax.set_ylabel("tokens per forward (HumanEval prompts)")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(args.out, dpi=120)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

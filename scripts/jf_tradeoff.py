@@ -9,6 +9,7 @@ completion of the first prompt, so a collapsed model is visible next to its spee
 
 import argparse
 import json
+from pathlib import Path
 
 import jax
 import matplotlib
@@ -30,12 +31,20 @@ def main():
   ap.add_argument("runs", nargs="+")
   ap.add_argument("--prompts", type=int, default=8)
   ap.add_argument("--out", default="jf_tradeoff.png")
+  ap.add_argument("--results", default="jf_tradeoff.jsonl",
+                  help="one JSON line per run; runs already there are not measured again")
   args = ap.parse_args()
+  known = {}
+  if Path(args.results).is_file():
+    known = {r["run"]: r for r in map(json.loads, Path(args.results).read_text().splitlines())}
   base, tok, _ = load_trained(args.base)
   prompts = humaneval_prompts(tok.encode, args.prompts, 192)
   mr = decoders.Jacobi(16, num_blocks=2, pool_size=16, num_candidates=2)
   results = []
   for wd in [args.base] + args.runs:
+    if wd in known:
+      results.append(known[wd])
+      continue
     model = load_trained(wd)[0]
     rows = run_bench(base, prompts, [Method("jacobi", decoders.Jacobi(16), model=model, weights=wd),
                                      Method("mr", mr, model=model, weights=wd)])
@@ -47,6 +56,8 @@ def main():
          "exact": min(rows[1].exact_match_vs_ar, rows[2].exact_match_vs_ar),
          "greedy_text": tok.decode(text.tokens[0, :text.lengths[0]].tolist())}
     print(json.dumps(r), flush=True)
+    with open(args.results, "a") as f:
+      f.write(json.dumps(r) + "\n")
     results.append(r)
   fig, ax = plt.subplots(figsize=(6, 4))
   for r in results:

@@ -103,12 +103,12 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
 
 
 def format_table(rows: Sequence[Row]) -> str:
-  head = (f"{'method':<14} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
+  head = (f"{'method':<18} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
           f"{'speedup':>8} {'exact':>6} {'compile s':>9}")
   lines = [head, "-" * len(head)]
   for r in rows:
     exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"
-    lines.append(f"{r.method:<14} {r.settings:<18} {r.weights:<8} {r.tokens_per_forward:>8.2f} "
+    lines.append(f"{r.method:<18} {r.settings:<18} {r.weights:<8} {r.tokens_per_forward:>8.2f} "
                  f"{r.draft_forwards:>9d} {r.tokens_per_second:>9.1f} {r.speedup_vs_ar:>7.2f}x "
                  f"{exact:>6} {r.compile_seconds:>9.1f}")
   return "\n".join(lines)

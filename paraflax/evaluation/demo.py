@@ -35,7 +35,7 @@ STAGES = {s.name: s for s in [
           collect=CollectConfig(block_size=32, num_blocks=2, examples=2048)),
 ]}
 
-JACOBI_FORCING = "jacobi_forcing_r1"  # the distilled model the bench compares
+JACOBI_FORCING = "jacobi_forcing_r2"  # the distilled model the bench compares
 
 
 def has_checkpoint(workdir: Path) -> bool:

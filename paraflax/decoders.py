@@ -3,5 +3,6 @@
 from paraflax.decoding.autoregressive import AR
 from paraflax.decoding.jacobi import Jacobi
 from paraflax.decoding.prompt_lookup import PromptLookup
+from paraflax.decoding.tidar import TiDAR
 
-__all__ = ["AR", "Jacobi", "PromptLookup"]
+__all__ = ["AR", "Jacobi", "PromptLookup", "TiDAR"]

@@ -119,3 +119,87 @@ def noise_aware(kinds_BxT: jax.Array, valid_BxT: jax.Array) -> jax.Array:
   # padding keys are invisible; a padding query sees itself only (its output is ignored)
   pad_self = ~valid_BxT[:, :, None] & jnp.eye(t, dtype=bool)[None]
   return (tri & see & valid_BxT[:, None, :]) | pad_self
+
+
+MASKED = 3  # TiDAR's diffusion slots: mask-token inputs drafting the tokens they stand for
+
+
+def tidar(kinds_BxT: jax.Array, blocks_BxT: jax.Array, valid_BxT: jax.Array | None = None):
+  """TiDAR's causal / bidirectional hybrid over CLEAN tokens and MASKED slots: `[B, T, T]`.
+
+  A clean token sees the clean tokens up to itself (chunk order) and no mask slot; a mask
+  slot sees every slot of its own block (bidirectionally) and the clean tokens of lower block
+  ids. Training on [clean | all-mask copy], block size 2, block ids = position // 2
+  (c = clean, m = mask; a block of slots sees the clean prefix strictly before it):
+            c0 c1 c2 c3 | m0 m1 m2 m3
+      c0:   1  .  .  .  | .  .  .  .
+      c1:   1  1  .  .  | .  .  .  .
+      c2:   1  1  1  .  | .  .  .  .
+      c3:   1  1  1  1  | .  .  .  .
+      m0:   .  .  .  .  | 1  1  .  .
+      m1:   .  .  .  .  | 1  1  .  .
+      m2:   1  1  .  .  | .  .  1  1
+      m3:   1  1  .  .  | .  .  1  1
+  `valid` (default all True): invalid keys are invisible, except that an invalid query (padding,
+  output ignored) sees itself, so no row is empty.
+  """
+  t = kinds_BxT.shape[1]
+  j = jnp.arange(t)
+  tri = (j[None, :] <= j[:, None])[None]
+  clean_q, clean_k = (kinds_BxT == CLEAN)[:, :, None], (kinds_BxT == CLEAN)[:, None, :]
+  mask_q, mask_k = (kinds_BxT == MASKED)[:, :, None], (kinds_BxT == MASKED)[:, None, :]
+  bq, bk = blocks_BxT[:, :, None], blocks_BxT[:, None, :]
+  see = (clean_q & clean_k & tri) | (mask_q & mask_k & (bq == bk)) | (mask_q & clean_k & (bk < bq))
+  if valid_BxT is None:
+    return see
+  pad_self = ~valid_BxT[:, :, None] & jnp.eye(t, dtype=bool)[None]
+  return (see & valid_BxT[:, None, :]) | pad_self
+
+
+def tidar_train(length: int, block_sizes_B: jax.Array) -> jax.Array:
+  """`tidar` over TiDAR's doubled training sequence [clean x_0..x_{L-1} | L mask slots]:
+  `[B, 2L, 2L]`. Row b cuts the mask half into blocks of `block_sizes[b]` positions (the last
+  one may be shorter); clean token i and slot i both get block id i // block_size."""
+  b = block_sizes_B.shape[0]
+  ids = jnp.arange(length)[None, :] // block_sizes_B[:, None]  # [B, L]
+  kinds = jnp.concatenate([jnp.full((b, length), CLEAN), jnp.full((b, length), MASKED)], 1)
+  return tidar(kinds, jnp.concatenate([ids, ids], 1))
+
+
+def tidar_prefill(prompt_lens_B: jax.Array, p: int, k: int) -> jax.Array:
+  """TiDAR's prefill `[B, P+k, P+k]`: right-padded prompts (causal, padding-aware) followed by
+  one block of k mask slots that sees each row's whole prompt and itself.
+  lengths = [2], P = 3, k = 2:
+      p0: 1 . . | . .
+      p1: 1 1 . | . .
+      --: 1 1 1 | . .   <- padding: output ignored
+      m0: 1 1 . | 1 1
+      m1: 1 1 . | 1 1
+  """
+  b = prompt_lens_B.shape[0]
+  kinds = jnp.broadcast_to(jnp.array([CLEAN] * p + [MASKED] * k), (b, p + k))
+  blocks = jnp.broadcast_to(jnp.array([0] * p + [1] * k), (b, p + k))
+  valid = jnp.concatenate([jnp.arange(p)[None, :] < prompt_lens_B[:, None],
+                           jnp.ones((b, k), bool)], 1)
+  return tidar(kinds, blocks, valid)
+
+
+def tidar_decode(cache_lengths_B: jax.Array, slots: int, k: int) -> jax.Array:
+  """One TiDAR decoding step after each row's cache: `[B, T, S+T]`, T = k + k*k.
+
+  Chunk = [k causal inputs | k mask blocks of k slots]: causal input i is the decided token
+  (i = 1) or draft i; mask block j sees the cache, causal inputs 1..j and itself (causal
+  input i has block id i, mask block j has id j + 1). lengths = [1], S = 2, k = 2 (T = 6):
+      c1: 1 . | 1 . . . . .
+      c2: 1 . | 1 1 . . . .
+      a1: 1 . | 1 . 1 1 . .   <- block 1: after causal input 1
+      a2: 1 . | 1 . 1 1 . .
+      b1: 1 . | 1 1 . . 1 1   <- block 2: after causal inputs 1, 2
+      b2: 1 . | 1 1 . . 1 1
+  The chunk part depends on k only (a constant); the cache part on the lengths.
+  """
+  b = cache_lengths_B.shape[0]
+  kinds = jnp.array([CLEAN] * k + [MASKED] * (k * k))
+  blocks = jnp.concatenate([jnp.arange(1, k + 1), jnp.repeat(jnp.arange(2, k + 2), k)])
+  chunk = tidar(kinds[None], blocks[None])
+  return over_cache(cache_lengths_B, slots, jnp.broadcast_to(chunk, (b,) + chunk.shape[1:]))

@@ -78,3 +78,40 @@ def test_causal_mask_makes_logits_independent_of_later_tokens():
   for i in range(t):
     assert np.all(seen[i, ids[i + 1:]] == 0.0), f"position {i} sees a later token"
     assert np.all(seen[i, ids[:i + 1]] > 0.0), f"position {i} does not see its prefix"
+
+
+def test_tidar_training_mask():
+  """[c0..c3 | m0..m3], block size 2: clean causal, mask blocks see the clean prefix before
+  them and themselves (the docstring's picture)."""
+  got = masks.tidar_train(4, jnp.array([2]))
+  np.testing.assert_array_equal(got[0], _a([
+      "1000 0000", "1100 0000", "1110 0000", "1111 0000",
+      "0000 1100", "0000 1100", "1100 0011", "1100 0011"]))
+  kinds = jnp.array([[masks.CLEAN] * 4 + [masks.MASKED] * 4])
+  blocks = jnp.array([[0, 0, 1, 1, 0, 0, 1, 1]])
+  np.testing.assert_array_equal(masks.tidar(kinds, blocks), got)
+
+
+def test_tidar_prefill():
+  got = masks.tidar_prefill(jnp.array([2, 3]), 3, 2)
+  np.testing.assert_array_equal(got[0], _a([
+      "100 00", "110 00", "111 00", "110 11", "110 11"]))
+  np.testing.assert_array_equal(got[1], _a([
+      "100 00", "110 00", "111 00", "111 11", "111 11"]))
+
+
+def test_tidar_decode():
+  got = masks.tidar_decode(jnp.array([1, 2]), 2, 2)
+  assert got.shape == (2, 6, 8)
+  np.testing.assert_array_equal(got[0], _a([
+      "10 100000", "10 110000", "10 101100", "10 101100", "10 110011", "10 110011"]))
+  np.testing.assert_array_equal(got[1, :, :2], np.ones((6, 2), bool))
+  np.testing.assert_array_equal(got[1, :, 2:], got[0, :, 2:])
+  k3 = masks.tidar_decode(jnp.array([0]), 1, 3)[0, :, 1:]  # k = 3: 3 inputs + 3 blocks of 3
+  assert k3.shape == (12, 12)
+  np.testing.assert_array_equal(k3[:3, :3], np.tril(np.ones((3, 3), bool)))
+  for j in range(3):  # block j sees inputs 0..j and itself
+    rows = k3[3 + 3 * j:6 + 3 * j]
+    np.testing.assert_array_equal(rows[:, :3], np.broadcast_to(np.arange(3) <= j, (3, 3)))
+    np.testing.assert_array_equal(rows[:, 3:], np.broadcast_to(
+        np.arange(9) // 3 == j, (3, 9)))

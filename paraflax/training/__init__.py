@@ -1,5 +1,6 @@
 """Training: configs, objectives registry, optimizer, resumable trainer, `load_trained`."""
 
+from paraflax.training import tidar as _tidar  # noqa: F401  registers the "tidar" objective
 from paraflax.training.config import OptimConfig, TrainConfig, apply_overrides, load_config
 from paraflax.training.metrics import batch_fingerprint, plot_losses, read_metrics
 from paraflax.training.objectives import (

@@ -1,0 +1,60 @@
+"""TiDAR training: the doubled sequence [clean | all-mask copy] and its two losses.
+
+Input `[B, 2L]` = the L clean tokens (causal, positions 0..L-1, shifted next-token labels),
+then L mask tokens at the same positions 0..L-1, cut into blocks of `block_size` positions.
+A block of mask slots sees itself (bidirectionally) and the clean tokens strictly before its
+first position (`masks.tidar_train`); slot i is labelled with the clean token x_i
+(unshifted). So the first slot of a block starting at s predicts x_s from x_{<s}, the same
+target as the AR output at s-1: at decoding time the two can be mixed (`TiDAR.beta`), and
+slots 2.. of a block are the drafts for the tokens after it. Every diffusion-half input is
+the mask token (the paper's full-mask strategy), so both losses average L terms and
+loss = (alpha * L_AR + L_diff) / (1 + alpha).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from paraflax import masks
+from paraflax.training.objectives import cross_entropy, register_objective
+
+
+def doubled(tokens_BxL: jax.Array, mask_token_id: int):
+  """(tokens [B, 2L], positions [B, 2L]) of the doubled sequence [clean | mask copy]."""
+  b, l = tokens_BxL.shape
+  pos = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+  tokens = jnp.concatenate([tokens_BxL, jnp.full((b, l), mask_token_id, tokens_BxL.dtype)], 1)
+  return tokens, jnp.concatenate([pos, pos], 1)
+
+
+def block_sizes_for(rng: jax.Array, batch: int, block_size: int | Sequence[int]) -> jax.Array:
+  """Per-row block sizes [B]: `block_size`, or a uniform draw from a list of sizes (one model
+  that drafts well at several block sizes)."""
+  sizes = jnp.atleast_1d(jnp.asarray(block_size, jnp.int32))
+  return sizes[jax.random.randint(rng, (batch,), 0, sizes.shape[0])]
+
+
+@register_objective("tidar")
+def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: float = 1.0):
+  """(alpha * L_AR + L_diff) / (1 + alpha) on packed rows `tokens [B, L]`.
+
+  L_AR: next-token cross entropy of the clean half (L-1 targets). L_diff: cross entropy of
+  every mask slot against the clean token at its position (L targets). `block_size`: an int,
+  or a list of sizes drawn per row.
+  """
+  mask_id = model.cfg.mask_token_id
+  if mask_id is None:
+    raise ValueError("the 'tidar' objective needs ModelConfig.mask_token_id (the <mask> id, 2 "
+                     "for paraflax tokenizers)")
+  tokens_BxL = batch["tokens"]
+  b, l = tokens_BxL.shape
+  tokens, positions = doubled(tokens_BxL, mask_id)
+  mask = masks.tidar_train(l, block_sizes_for(rng, b, block_size))
+  logits_Bx2LxV, _ = model(tokens, positions, mask)
+  ar, ar_acc = cross_entropy(logits_Bx2LxV[:, :l - 1], tokens_BxL[:, 1:])
+  diff, diff_acc = cross_entropy(logits_Bx2LxV[:, l:], tokens_BxL)
+  loss = (alpha * ar + diff) / (1.0 + alpha)
+  return loss, {"ar_loss": ar, "diff_loss": diff, "accuracy": ar_acc, "diff_accuracy": diff_acc}

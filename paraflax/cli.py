@@ -77,44 +77,60 @@ def humaneval_prompts(encode, n: int, max_tokens: int) -> list[list[int]]:
   return [encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
 
 
-def bench_methods(jf_model=None):
-  """Every method the bench runs after the AR baseline; Jacobi Forcing rows when a distilled
-  model (same architecture as the base) is given."""
+def bench_methods(others=None):
+  """Every method the bench runs after the AR baseline. `others` maps a weights name to a
+  model of the base's architecture and tokenizer: "jf" (Jacobi Forcing, distilled from the
+  base) adds its rows, "tidar" (TiDAR, trained on from the base) adds TiDAR rows."""
   from paraflax import decoders
   from paraflax.evaluation.bench import Method
+  others = others or {}
   methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
              Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
-  if jf_model is not None:
+  if "jf" in others:
+    jf = others["jf"]
     mr = decoders.Jacobi(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
     methods += [Method("jacobi_forcing", decoders.Jacobi(block_size=16), "block 16",
-                       model=jf_model, weights="jf"),
-                Method("jacobi_forcing_mr", mr, "n16 K2 pool16 C2", model=jf_model, weights="jf")]
+                       model=jf, weights="jf"),
+                Method("jacobi_forcing_mr", mr, "n16 K2 pool16 C2", model=jf, weights="jf")]
+  if "tidar" in others:
+    methods += [Method(f"tidar_k{k}", decoders.TiDAR(block_size=k, beta=1.0), f"block {k} beta 1",
+                       model=others["tidar"], weights="tidar") for k in (4, 8, 16)]
   return methods
+
+
+OTHER_WEIGHTS = {"jf": "jf_workdir", "tidar": "tidar_workdir"}  # weights name -> bench flag
 
 
 def cmd_bench(args):
   from paraflax.evaluation import bench
+  from paraflax.evaluation.quality import heldout_loss, heldout_metrics
   from paraflax.training import load_trained
   model, tok, encode = load_model(args)
-  jf_model = None
-  if args.jf_workdir:
-    jf_model, jf_tok, _ = load_trained(args.jf_workdir)
-    if jf_tok.fingerprint() != tok.fingerprint() or jf_model.cfg != model.cfg:
-      raise ValueError(f"--jf-workdir {args.jf_workdir!r} is not a distilled copy of the base "
-                       "model (different tokenizer or model config)")
+  others = {}
+  for name, flag in OTHER_WEIGHTS.items():
+    if getattr(args, flag, None):
+      other, other_tok, _ = load_trained(getattr(args, flag))
+      if other_tok.fingerprint() != tok.fingerprint() or other.cfg.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} was not trained "
+                         "from the base model (different tokenizer or vocabulary)")
+      others[name] = other
   max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
   prompts = humaneval_prompts(encode, args.prompts, max_prompt)
-  rows = bench.run_bench(model, prompts, bench_methods(jf_model),
+  rows = bench.run_bench(model, prompts, bench_methods(others),
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          eos_id=tok.eos_id)
   print(bench.format_table(rows))
   quality = {}
-  if jf_model is not None:  # distillation changes the weights: how much did quality move?
-    from paraflax.evaluation.quality import heldout_loss
+  if others:  # other weights than the base: how much did quality move?
     quality = {w: {"heldout_loss": heldout_loss(m, tok)}
-               for w, m in (("base", model), ("jf", jf_model))}
-    print("held-out stdlib loss (nats/token, AR): " + ", ".join(
-        f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items()))
+               for w, m in {"base": model, **others}.items()}
+    if "tidar" in others:  # the diffusion mode's own loss, next to its AR mode's
+      quality["tidar"]["heldout_diffusion_loss"] = heldout_metrics(
+          others["tidar"], tok, "tidar", {"block_size": 8})["diff_loss"]
+    print("held-out stdlib loss (nats/token, AR mode): " + ", ".join(
+        f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items())
+        + ("" if "tidar" not in quality else
+           f"; tidar diffusion mode (block 8) {quality['tidar']['heldout_diffusion_loss']:.3f}"))
   if args.json:
     print(f"wrote {bench.write_json(rows, args.json, by_weights=quality)}")
 
@@ -128,6 +144,7 @@ def cmd_demo(args):
                      retrain=args.retrain, ship=args.ship, steps=args.steps)
   workdir = demo.ensure("tiny_ar", build)
   args.jf_workdir = args.jf_workdir or str(demo.ensure(demo.JACOBI_FORCING, build))
+  args.tidar_workdir = args.tidar_workdir or str(demo.ensure("tidar_continual", build))
   model, tok, _ = load_trained(workdir)
   print("\n[demo] HumanEval completions (greedy AR):")
   args.workdir, args.hf = str(workdir), None
@@ -218,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", default=None, help="write per-method results to this file")
     q.add_argument("--jf-workdir", default=None,
                    help="a Jacobi Forcing model distilled from the base (adds its rows)")
+    q.add_argument("--tidar-workdir", default=None,
+                   help="a TiDAR model trained on from the base (adds TiDAR rows)")
 
   b = sub.add_parser("bench", help="every method side by side on HumanEval prompts")
   model_flags(b)

@@ -71,7 +71,26 @@ def test_jacobi_forcing_round_trip_collect_train_bench(workdir, tmp_path):
   assert cli.main(["bench", "--workdir", str(workdir), "--jf-workdir", str(jf), "--prompts", "2",
                    "--max-new-tokens", "8", "--batch-size", "2", "--json", str(path)]) == 0
   rows = {r["method"]: r for r in json.loads(path.read_text())}
+  assert len(rows) == 5  # ar, jacobi, prompt_lookup + the two distilled rows
   for name in ("jacobi_forcing", "jacobi_forcing_mr"):
     assert rows[name]["weights"] == "jf"
     assert rows[name]["exact_match_vs_ar"] == 1.0  # vs greedy AR of the distilled weights
     assert rows[name]["heldout_loss"] > 0 and rows[name]["heldout_loss"] != rows["ar"]["heldout_loss"]
+
+
+@pytest.mark.slow
+def test_tidar_continued_from_the_ar_run_benches_exactly(workdir, tmp_path):
+  tidar = tmp_path / "tidar"
+  assert cli.main(["train", "--config", CONFIG, "--workdir", str(tidar), "--steps", "3",
+                   "--set", f"init_from={workdir}", "--set", "objective=tidar",
+                   "--set", "model.mask_token_id=2", "--set", "data.progress=False",
+                   "--set", f"data.cache_dir={workdir.parent / 'data'}"]) == 0
+  path = tmp_path / "bench.json"
+  assert cli.main(["bench", "--workdir", str(workdir), "--tidar-workdir", str(tidar),
+                   "--prompts", "2", "--max-new-tokens", "8", "--batch-size", "2",
+                   "--json", str(path)]) == 0
+  rows = {r["method"]: r for r in json.loads(path.read_text())}
+  for k in (4, 8, 16):
+    row = rows[f"tidar_k{k}"]
+    assert row["weights"] == "tidar" and row["exact_match_vs_ar"] == 1.0  # beta = 1
+    assert row["heldout_diffusion_loss"] > 0

@@ -33,6 +33,7 @@ STAGES = {s.name: s for s in [
           collect=CollectConfig(block_size=16, num_blocks=4, examples=2048)),
     Stage("jacobi_forcing_r2", "jacobi_forcing_r2", init_from="jacobi_forcing_r1",
           collect=CollectConfig(block_size=32, num_blocks=2, examples=2048)),
+    Stage("tidar_continual", "tidar_continual", init_from="tiny_ar"),
 ]}
 
 JACOBI_FORCING = "jacobi_forcing_r2"  # the distilled model the bench compares

@@ -130,6 +130,18 @@ def chi_square_pvalue(samples_flat, probs_flat):
   return stats.chisquare(obs, exp).pvalue
 
 
+def assert_samples_the_joint(sample, joint, monkeypatch, what: str) -> None:
+  """`sample()` (flat outcome indices of a whole decoder) passes the chi-square test against
+  the enumerated `joint`, and fails it once the residual is biased (negative control: the
+  test can see an inexact verifier)."""
+  pvalue = chi_square_pvalue(sample(), joint)
+  assert pvalue > 1e-3, f"{what} deviates from the target joint (p={pvalue:.2e})"
+  monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
+  jax.clear_caches()  # the biased verifier must be traced anew
+  biased = chi_square_pvalue(sample(), joint)
+  assert biased < 1e-6, f"the test cannot see a biased verifier (p={biased:.2e})"
+
+
 @pytest.mark.slow
 def test_speculative_loop_samples_the_target_joint_and_biased_control_is_rejected(monkeypatch):
   kp, kq = jax.random.split(jax.random.key(3))

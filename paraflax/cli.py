@@ -110,7 +110,9 @@ def cmd_bench(args):
   for name, flag in OTHER_WEIGHTS.items():
     if getattr(args, flag, None):
       other, other_tok, _ = load_trained(getattr(args, flag))
-      if other_tok.fingerprint() != tok.fingerprint() or other.cfg.vocab_size != model.cfg.vocab_size:
+      same = (other_tok.fingerprint() == tok.fingerprint()
+              and other.cfg.vocab_size == model.cfg.vocab_size)
+      if not same:
         raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} was not trained "
                          "from the base model (different tokenizer or vocabulary)")
       others[name] = other

@@ -65,7 +65,7 @@ def main():
             "-", color="0.7")
     ax.plot(r["heldout_loss"], r["jacobi_tokens_per_forward"], "o", color="C0")
     ax.plot(r["heldout_loss"], r["mr_tokens_per_forward"], "s", color="C1")
-    ax.annotate(r["run"].rstrip("/").split("/")[-1], (r["heldout_loss"], r["mr_tokens_per_forward"]),
+    ax.annotate(Path(r["run"]).name, (r["heldout_loss"], r["mr_tokens_per_forward"]),
                 fontsize=7, xytext=(3, 3), textcoords="offset points")
   ax.plot([], [], "o", color="C0", label="Jacobi, block 16")
   ax.plot([], [], "s", color="C1", label="MR: K=2, pool 16, C=2")

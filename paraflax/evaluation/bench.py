@@ -103,8 +103,8 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
 
 
 def format_table(rows: Sequence[Row]) -> str:
-  head = (f"{'method':<18} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} {'tok/s':>9} "
-          f"{'speedup':>8} {'exact':>6} {'compile s':>9}")
+  head = (f"{'method':<18} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} "
+          f"{'tok/s':>9} {'speedup':>8} {'exact':>6} {'compile s':>9}")
   lines = [head, "-" * len(head)]
   for r in rows:
     exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"

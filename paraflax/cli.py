@@ -98,6 +98,19 @@ def bench_methods(others=None):
   return methods
 
 
+def humaneval_pass_at_1(model, tok, prompts, args) -> float:
+  """pass@1 of the model's greedy completions of the bench's HumanEval prompts (executed in a
+  sandbox; `prompts` are the first problems' prompts, tokenised)."""
+  import jax
+  from paraflax.data import load_humaneval
+  from paraflax.decoding.generate import generate
+  from paraflax.evaluation.humaneval import pass_at_1
+  out = jax.device_get(generate(model, prompts, max_new_tokens=args.max_new_tokens,
+                                eos_id=tok.eos_id))
+  texts = [tok.decode(row[:n].tolist()) for row, n in zip(out.tokens, out.lengths)]
+  return pass_at_1(load_humaneval()[:len(prompts)], texts)
+
+
 OTHER_WEIGHTS = {"jf": "jf_workdir", "tidar": "tidar_workdir"}  # weights name -> bench flag
 
 
@@ -122,10 +135,15 @@ def cmd_bench(args):
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          eos_id=tok.eos_id)
   print(bench.format_table(rows))
-  quality = {}
+  weights = {"base": model, **others}
+  quality = {w: {"humaneval_pass_at_1": humaneval_pass_at_1(m, tok, prompts, args)}
+             for w, m in weights.items()}
+  print(f"HumanEval pass@1 (greedy AR of each weights = every exact method's output; "
+        f"{len(prompts)} problems, {args.max_new_tokens} tokens): " + ", ".join(
+            f"{w} {q['humaneval_pass_at_1']:.2f}" for w, q in quality.items()))
   if others:  # other weights than the base: how much did quality move?
-    quality = {w: {"heldout_loss": heldout_loss(m, tok)}
-               for w, m in {"base": model, **others}.items()}
+    for w, m in weights.items():
+      quality[w]["heldout_loss"] = heldout_loss(m, tok)
     if "tidar" in others:  # the diffusion mode's own loss, next to its AR mode's
       quality["tidar"]["heldout_diffusion_loss"] = heldout_metrics(
           others["tidar"], tok, "tidar", {"block_size": 8})["diff_loss"]

@@ -152,7 +152,10 @@ def cmd_bench(args):
         + ("" if "tidar" not in quality else
            f"; tidar diffusion mode (block 8) {quality['tidar']['heldout_diffusion_loss']:.3f}"))
   if args.json:
-    print(f"wrote {bench.write_json(rows, args.json, by_weights=quality)}")
+    path = bench.write_json(rows, args.json, by_weights=quality)
+    print(f"wrote {path}")
+    for png in bench.plot(rows, path.parent):
+      print(f"wrote {png}")
 
 
 def cmd_demo(args):
@@ -252,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-new-tokens", type=int, default=64)
     q.add_argument("--max-prompt-tokens", type=int, default=192)
     q.add_argument("--batch-size", type=int, default=4)
-    q.add_argument("--json", default=None, help="write per-method results to this file")
+    q.add_argument("--json", default=None, help="write per-method results to this file, and "
+                   "the plots (bench_speed.png, bench_accepted.png) beside it")
     q.add_argument("--jf-workdir", default=None,
                    help="a Jacobi Forcing model distilled from the base (adds its rows)")
     q.add_argument("--tidar-workdir", default=None,

@@ -46,6 +46,11 @@ def test_bench_writes_the_contract_json(workdir, tmp_path):
   assert ar["tokens_per_forward"] == 1.0  # AR: one forward (the prefill counted) per token
   assert ar["speedup_vs_ar"] == 1.0 and ar["exact_match_vs_ar"] == 1.0
   assert 0.0 <= ar["humaneval_pass_at_1"] <= 1.0  # executed; a 12-step micro model passes none
+  for row in rows:  # steps that emitted i tokens, for i >= 1, add up to the tokens
+    hist = row["accepted_histogram"]
+    assert hist[0] == 0 and sum(i * c for i, c in enumerate(hist)) + 3 == row["tokens"]
+  for png in ("bench_speed.png", "bench_accepted.png"):
+    assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
   assert ar["tokens_per_second"] > 0
 
 

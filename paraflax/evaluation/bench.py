@@ -45,6 +45,7 @@ class Row:
   compile_seconds: float
   speedup_vs_ar: float
   exact_match_vs_ar: float | None  # fraction of rows identical to greedy AR (greedy only)
+  accepted_histogram: list[int]  # [i]: decoding steps that emitted i tokens (i >= 1)
 
 
 def _batches(prompts, batch_size):
@@ -54,8 +55,9 @@ def _batches(prompts, batch_size):
 
 
 def _run(model, prompts, method, max_new_tokens, batch_size, eos_id, max_prompt_len):
-  """All prompts through one method; returns (token rows, totals, seconds)."""
-  outs, tokens, forwards, drafts, seconds = [], 0, 0, 0, 0.0
+  """All prompts through one method; returns (token rows, totals, seconds, tokens emitted per
+  decoding step of every row)."""
+  outs, tokens, forwards, drafts, seconds, steps = [], 0, 0, 0, 0.0, []
   for batch, real in _batches(prompts, batch_size):
     t0 = time.perf_counter()
     out = generate(model, batch, decoder=method.decoder, max_new_tokens=max_new_tokens,
@@ -68,7 +70,9 @@ def _run(model, prompts, method, max_new_tokens, batch_size, eos_id, max_prompt_
     tokens += int(out.lengths[:real].sum())
     forwards += int(out.forwards[:real].sum() + out.prefill_forwards[:real].sum())
     drafts += int(out.draft_forwards[:real].sum())
-  return outs, tokens, forwards, drafts, seconds
+    acc = np.asarray(out.accepted[:real]).ravel()
+    steps.append(acc[acc > 0])
+  return outs, tokens, forwards, drafts, seconds, np.concatenate(steps)
 
 
 def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
@@ -85,7 +89,7 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
     t0 = time.perf_counter()  # warm-up on the first batch: compile (and one run)
     run(method, prompts[:batch_size])
     warm = time.perf_counter() - t0
-    outs, tokens, forwards, drafts, seconds = run(method, prompts)
+    outs, tokens, forwards, drafts, seconds, steps = run(method, prompts)
     tps = tokens / seconds
     ar_tps = ar_tps or tps
     if isinstance(method.decoder, AR) and method.decoder.sampler.greedy:
@@ -98,7 +102,7 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
       exact = float(np.mean([a == b for a, b in zip(outs, ar_outs[method.weights])]))
     rows.append(Row(method.name, method.settings, method.weights, tokens, forwards, drafts,
                     tokens / forwards, tps, max(warm - seconds * batch_size / len(prompts), 0.0),
-                    tps / ar_tps, exact))
+                    tps / ar_tps, exact, np.bincount(steps).tolist()))
   return rows
 
 
@@ -123,3 +127,40 @@ def write_json(rows: Sequence[Row], path: str | Path, meta: dict | None = None,
   path.write_text(json.dumps([{**dataclasses.asdict(r), **(meta or {}),
                                **by_weights.get(r.weights, {})} for r in rows], indent=2))
   return path
+
+
+def plot(rows: Sequence[Row], out_dir: str | Path) -> list[Path]:
+  """PNGs: tokens/forward and speedup vs AR per method, and a histogram of tokens emitted
+  per decoding step per method."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  names = [f"{r.method}\n({r.weights})" if r.weights != "base" else r.method for r in rows]
+  fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(rows)), 4))
+  for ax, key, label in ((axes[0], "tokens_per_forward", "tokens per forward"),
+                         (axes[1], "speedup_vs_ar", "speedup vs AR (tokens/s)")):
+    ax.bar(range(len(rows)), [getattr(r, key) for r in rows], color="C0")
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(label)
+  fig.tight_layout()
+  speed = out_dir / "bench_speed.png"
+  fig.savefig(speed, dpi=120)
+  plt.close(fig)
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for r in rows:
+    counts = np.asarray(r.accepted_histogram, float)
+    if counts.sum() and r.method != "ar":
+      ax.plot(np.arange(len(counts))[1:], counts[1:] / counts.sum(), marker="o", ms=3,
+              label=f"{r.method} ({r.settings}, {r.weights})")
+  ax.set_xlabel("tokens emitted in one decoding step")
+  ax.set_ylabel("share of steps")
+  ax.set_yscale("log")  # the long tail is the interesting part
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  hist = out_dir / "bench_accepted.png"
+  fig.savefig(hist, dpi=120)
+  plt.close(fig)
+  return [speed, hist]

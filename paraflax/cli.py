@@ -159,21 +159,27 @@ def cmd_bench(args):
 
 
 def cmd_demo(args):
+  """The tiny models (shipped or trained), a few completions, then the bench. `--hf DIR` benches
+  a local Hugging Face checkpoint instead; `--quick` benches 4 prompts x 32 tokens."""
   from paraflax.evaluation import demo
-  from paraflax.training import load_trained
+  if args.quick:
+    args.prompts, args.max_new_tokens = min(args.prompts, 4), min(args.max_new_tokens, 32)
+  args.json = args.json or str(CACHE / "demo" / "bench.json")
+  if args.hf:
+    print(f"\n[demo] bench of the Hugging Face checkpoint {args.hf} on HumanEval prompts:")
+    args.workdir = None
+    return cmd_bench(args)
   if not (REPO_CONFIGS / "tiny_ar.py").is_file():
     raise SystemExit(f"{REPO_CONFIGS} not found: run the demo from a clone of the repository")
   build = demo.Build(cache=CACHE / "demo", configs=REPO_CONFIGS, shipped=SHIPPED,
                      retrain=args.retrain, ship=args.ship, steps=args.steps)
-  workdir = demo.ensure("tiny_ar", build)
+  args.workdir = str(demo.ensure("tiny_ar", build))
   args.jf_workdir = args.jf_workdir or str(demo.ensure(demo.JACOBI_FORCING, build))
   args.tidar_workdir = args.tidar_workdir or str(demo.ensure("tidar_continual", build))
-  model, tok, _ = load_trained(workdir)
-  print("\n[demo] HumanEval completions (greedy AR):")
-  args.workdir, args.hf = str(workdir), None
-  args.json = args.json or str(CACHE / "demo" / "bench.json")
   import jax
   from paraflax.decoding.generate import generate
+  model, tok, _ = load_model(args)
+  print("\n[demo] HumanEval completions (greedy AR):")
   prompts = humaneval_prompts(tok.encode, 3, 192)
   out = jax.device_get(generate(model, prompts, max_new_tokens=48, eos_id=tok.eos_id))
   for p, row, n in zip(prompts, out.tokens, out.lengths):
@@ -272,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
   d.add_argument("--steps", type=int, default=None, help="override the training steps")
   d.add_argument("--ship", action="store_true",
                  help="with --retrain: store the result as the repository's shipped checkpoint")
+  d.add_argument("--quick", action="store_true", help="a smaller bench: 4 prompts x 32 tokens")
+  d.add_argument("--hf", default=None, help="bench this local Hugging Face checkpoint instead")
   bench_flags(d)
   d.set_defaults(fn=cmd_demo)
 

@@ -3,6 +3,7 @@
 from paraflax.decoding.autoregressive import AR
 from paraflax.decoding.jacobi import Jacobi
 from paraflax.decoding.prompt_lookup import PromptLookup
+from paraflax.decoding.speculative import Speculative
 from paraflax.decoding.tidar import TiDAR
 
-__all__ = ["AR", "Jacobi", "PromptLookup", "TiDAR"]
+__all__ = ["AR", "Jacobi", "PromptLookup", "Speculative", "TiDAR"]

@@ -1,0 +1,142 @@
+"""Classic speculative decoding: a small AR drafter proposes k tokens one by one, the target
+verifies them in one forward (`verify_drafts`), exact for greedy and for sampling.
+
+Both models keep a KV cache. Slot i of either cache holds the token at position i (prompt,
+then emitted tokens). The drafter's cache (`DraftCache`, in `state.extra`) only ever keeps
+tokens that were finally emitted:
+
+  * it lags the context by u in {1, 2} tokens at the start of a step (1 after a rejection:
+    the target's correction; 2 after a full acceptance: the last draft and the bonus token);
+  * draft call 1 feeds those u tokens as one chunk, padded to [B, 2] (causal, per-row
+    counts); draft calls 2..k feed d_1..d_{k-1} one token each (a `lax.fori_loop`);
+  * every call's keys/values are committed at the start of the next call (deferred, as the
+    target does), the last call's at the start of the next step;
+  * after verification the drafter cache length is cut back to the emitted prefix and the
+    deferred commit is trimmed to it, so a rejected draft's keys are never visible again
+    (they stay in memory past `lengths`, masked, and are overwritten later).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax import masks
+from paraflax.cache import ChunkKV, KVCache, commit
+from paraflax.decoding import state as st
+from paraflax.decoding.draft_verify import verify_drafts
+from paraflax.sampling import Greedy
+
+_LAG = 2  # most emitted tokens the drafter can have not seen: the width of draft call 1
+
+
+@struct.dataclass
+class DraftCache:
+  """The drafter's cache and its deferred commit (chunk width 2, up to 2 kept rows)."""
+  cache: KVCache
+  pending: st.PendingCommit
+
+
+def _flush(cache: KVCache, pending: st.PendingCommit) -> KVCache:
+  return commit(cache, pending.kv, pending.src, pending.count)
+
+
+def _pad_chunk(kv: ChunkKV, t: int) -> ChunkKV:
+  """Pad a chunk's keys/values along T to `t` rows (fixed pending shape)."""
+  pad = [(0, 0), (0, 0), (0, t - kv.k.shape[2]), (0, 0), (0, 0)]
+  return ChunkKV(k=jnp.pad(kv.k, pad), v=jnp.pad(kv.v, pad))
+
+
+@struct.dataclass
+class Speculative:
+  """Draft `block_size` tokens with `draft_model=` (an AR model with the same vocabulary),
+  verify them with the target in one forward. `sampler` warps both p and q."""
+  block_size: int = struct.field(pytree_node=False, default=4)
+  sampler: object = struct.field(default_factory=Greedy)
+  uses_draft_model = True
+
+  def validate(self, cfg, draft_cfg):
+    if self.block_size < 1:
+      raise ValueError(f"Speculative needs block_size >= 1, got {self.block_size}")
+    if draft_cfg is None:
+      raise ValueError("Speculative needs draft_model= (a small AR model to draft with)")
+    if draft_cfg.vocab_size != cfg.vocab_size:
+      raise ValueError(f"Speculative needs the drafter's vocabulary to be the verifier's: "
+                       f"draft vocab_size {draft_cfg.vocab_size} != {cfg.vocab_size}")
+    self.sampler.validate()
+
+  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
+    return prompt_len + max_new_tokens + self.block_size
+
+  def max_steps(self, max_new_tokens: int) -> int:
+    return max(max_new_tokens - 1, 1)  # every step emits at least one token
+
+  def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
+    k = self.block_size
+    capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
+    # the drafter's prefill logits are not needed: the first token is the target's
+    dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
+    extra = DraftCache(cache=dcache, pending=st.no_pending(dcache, _LAG, _LAG))
+    return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
+                    steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
+                    sampler=self.sampler, rng=rng, eos_id=eos_id, extra=extra)
+
+  def _pick(self, rng, logits_BxV):
+    """A draft token and the distribution q it was sampled from (None when greedy)."""
+    if self.sampler.greedy:
+      return jnp.argmax(logits_BxV, -1).astype(jnp.int32), None
+    return self.sampler.sample(rng, logits_BxV), self.sampler.probs(logits_BxV)
+
+  def _draft(self, draft, state: st.DecodeState, rng):
+    """k drafter forwards. Returns (drafts [B, k], q [B, k, V] or None, drafter cache with
+    every call but the last committed, the last call's deferred commit)."""
+    k = self.block_size
+    b = state.lengths.shape[0]
+    active = ~state.done
+    rows = jnp.arange(b)
+    cache = _flush(state.extra.cache, state.extra.pending)
+    end = state.prompt_lens + state.lengths  # context length; slot i = position i
+    # call 1: the emitted tokens the drafter has not cached (1 or 2), as one padded chunk
+    unseen = jnp.clip(end - cache.lengths, 1, _LAG)
+    idx = cache.lengths[:, None] - state.prompt_lens[:, None] + jnp.arange(_LAG)  # token index
+    idx = jnp.clip(idx, 0, state.tokens.shape[1] - 1)
+    chunk = jnp.where(jnp.arange(_LAG)[None] < unseen[:, None],
+                      jnp.take_along_axis(state.tokens, idx, 1), 0)
+    pos = cache.lengths[:, None] + jnp.arange(_LAG)
+    mask = masks.over_cache(cache.lengths, cache.slots, masks.causal(unseen, _LAG))
+    logits, kv = draft(chunk, pos, mask, cache)
+    d1, q1 = self._pick(jax.random.fold_in(rng, 0), logits[rows, unseen - 1])
+    pending = st.PendingCommit(kv=kv, src=jnp.broadcast_to(jnp.arange(_LAG), (b, _LAG)),
+                               count=jnp.where(active, unseen, 0))
+    drafts = jnp.zeros((b, k), jnp.int32).at[:, 0].set(d1)
+    q = None if q1 is None else jnp.zeros((b, k) + q1.shape[1:], q1.dtype).at[:, 0].set(q1)
+
+    def body(j, carry):  # feed d_j at position end + j - 1, draft d_{j+1}
+      cache, pending, drafts, q = carry
+      cache = _flush(cache, pending)
+      tok = drafts[:, j - 1][:, None]
+      logits, kv = draft(tok, (end + j - 1)[:, None], masks.decode(cache.lengths, cache.slots, 1),
+                         cache)
+      d, qj = self._pick(jax.random.fold_in(rng, j), logits[:, 0])
+      pending = st.PendingCommit(kv=_pad_chunk(kv, _LAG), src=jnp.zeros((b, _LAG), jnp.int32),
+                                 count=active.astype(jnp.int32))
+      drafts = drafts.at[:, j].set(d)
+      q = None if q is None else q.at[:, j].set(qj)
+      return cache, pending, drafts, q
+
+    return jax.lax.fori_loop(1, k, body, (cache, pending, drafts, q))
+
+  def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
+    active = ~state.done
+    rng, sub = jax.random.split(state.rng)
+    state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
+    dcache, dpending, drafts, q = self._draft(draft, state, sub)
+    state = state.replace(draft_forwards=state.draft_forwards + self.block_size * active)
+    state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
+    # roll the drafter back to the emitted prefix that the target has cached: the context
+    # minus its last token (after a full acceptance that drops d_k, which was never fed)
+    limit = state.prompt_lens + state.lengths - 1
+    count = jnp.clip(limit - dcache.lengths, 0, dpending.count)
+    dcache = dcache.replace(lengths=jnp.minimum(dcache.lengths, limit))
+    return state.replace(extra=DraftCache(cache=dcache, pending=dpending.replace(count=count)))

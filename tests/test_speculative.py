@@ -1,0 +1,197 @@
+"""Speculative decoding with a small AR drafter: greedy = AR, the drafter's cache rollback,
+stochastic exactness, compile once, clear errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import paraflax as pf
+from paraflax import masks
+from paraflax.decoding.generate import TRACES
+from conftest import MICRO, micro_model
+from test_generate import reference_greedy
+from test_verify import assert_samples_the_joint
+
+PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 4, 3, 4, 3, 4, 3]]
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def drafter():
+  """A different, smaller model: it almost never agrees with the verifier (reject path)."""
+  return micro_model(seed=7, d_model=16, n_layers=1)
+
+
+def truncated(model):
+  """The verifier's first layer with its embeddings and head: agrees often, not always."""
+  small = pf.Transformer(pf.ModelConfig(**{**MICRO, "n_layers": 1}), rngs=nnx.Rngs(0))
+  small.embed[...] = model.embed[...]
+  nnx.update(small.layers[0], nnx.state(model.layers[0]))
+  nnx.update(small.final_norm, nnx.state(model.final_norm))
+  small.lm_head[...] = model.lm_head[...]
+  return small
+
+
+def _greedy_continuation(model, width):
+  """k greedy tokens after `seq[:t]`, by full recomputation (no cache, one compile)."""
+  graphdef, params = nnx.split(model)
+
+  @jax.jit
+  def next_token(seq, t):
+    logits, _ = nnx.merge(graphdef, params)(seq[None], jnp.arange(width)[None],
+                                            masks.causal(t[None], width))
+    return jnp.argmax(logits[0, t - 1]).astype(jnp.int32)
+
+  def run(context, k):
+    seq = np.zeros(width, np.int32)
+    seq[:len(context)] = context
+    out = []
+    for i in range(k):
+      seq[len(context) + i] = int(next_token(jnp.asarray(seq), jnp.int32(len(context) + i)))
+      out.append(int(seq[len(context) + i]))
+    return out
+
+  return run
+
+
+def _expected_accepted(draft_next, prompt, out, k, n_new):
+  """Per-step emitted counts when the drafter drafts its own greedy continuation of the whole
+  context (what an exact drafter cache gives) and the target keeps the matching prefix."""
+  counts, length = [], 1
+  while length < n_new:
+    drafts = draft_next(prompt + out[:length], k)
+    n = 0
+    while n < k and length + n < len(out) and drafts[n] == out[length + n]:
+      n += 1
+    emitted = min(n + 1, n_new - length)
+    counts.append(emitted)
+    length += emitted
+  return counts
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kind", ["small", "truncated"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_greedy_equals_ar_and_drafts_are_the_drafters_greedy_continuation(model, drafter, k,
+                                                                          kind):
+  drafter = drafter if kind == "small" else truncated(model)
+  out = pf.generate(model, PROMPTS, decoder=pf.decoders.Speculative(k), max_new_tokens=N_NEW,
+                    draft_model=drafter)
+  ar = pf.generate(model, PROMPTS, max_new_tokens=N_NEW)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  assert out.tokens[1].tolist() == reference_greedy(model, PROMPTS[1], N_NEW)
+  acc = np.asarray(out.accepted)
+  steps = (acc > 0).sum(1)
+  np.testing.assert_array_equal(out.forwards, steps)
+  np.testing.assert_array_equal(out.draft_forwards, k * out.forwards)
+  # the acceptance pattern pins the drafter's cache: a rejected draft's keys left visible,
+  # or an emitted token missing, changes the drafts and hence the counts
+  draft_next = _greedy_continuation(drafter, 64)
+  for b, prompt in enumerate(PROMPTS):
+    toks = [int(t) for t in out.tokens[b]]
+    want = _expected_accepted(draft_next, prompt, toks, k, N_NEW)
+    assert acc[b, :len(want)].tolist() == want, (b, acc[b].tolist(), want)
+  if kind == "truncated" and k > 1:
+    assert acc.max() > 1 and np.any((acc > 0) & (acc < k + 1)), "accept and reject paths"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_verifier_as_its_own_drafter_accepts_every_draft(model, k):
+  out = pf.generate(model, PROMPTS, decoder=pf.decoders.Speculative(k), max_new_tokens=N_NEW,
+                    draft_model=model)
+  ar = pf.generate(model, PROMPTS, max_new_tokens=N_NEW)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  acc = np.asarray(out.accepted)
+  for row in acc:  # k + 1 per step (the 2-token drafter catch-up path), the last one cut
+    used = row[row > 0]
+    assert np.all(used[:-1] == k + 1) and 1 <= used[-1] <= k + 1, row.tolist()
+    assert used.sum() == N_NEW - 1
+  np.testing.assert_array_equal(out.draft_forwards, k * out.forwards)
+  np.testing.assert_array_equal(out.forwards, -(-(N_NEW - 1) // (k + 1)))
+
+
+@pytest.mark.fast
+def test_eos_and_loop_twin(model, drafter):
+  dec = pf.decoders.Speculative(3)
+  ar = pf.generate(model, PROMPTS, max_new_tokens=16)
+  eos = int(ar.tokens[3, 6])
+  a = pf.generate(model, PROMPTS, decoder=dec, max_new_tokens=16, eos_id=eos,
+                  draft_model=drafter)
+  b = pf.generate(model, PROMPTS, decoder=dec, max_new_tokens=16, eos_id=eos,
+                  draft_model=drafter, loop="python")
+  ar_eos = pf.generate(model, PROMPTS, max_new_tokens=16, eos_id=eos)
+  np.testing.assert_array_equal(a.tokens, ar_eos.tokens)
+  np.testing.assert_array_equal(a.lengths, ar_eos.lengths)
+  assert int(a.lengths[3]) == 7
+  for f in ("tokens", "lengths", "forwards", "draft_forwards", "accepted"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+@pytest.mark.fast
+def test_sampled_while_and_python_loops_agree(model, drafter):
+  dec = pf.decoders.Speculative(2, pf.TopK(5, 1.3))
+  kw = {"decoder": dec, "max_new_tokens": 12, "draft_model": drafter, "rng": jax.random.key(4)}
+  a = pf.generate(model, PROMPTS, **kw)
+  b = pf.generate(model, PROMPTS, loop="python", **kw)
+  for f in ("tokens", "lengths", "forwards", "draft_forwards", "accepted"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+@pytest.mark.fast
+def test_compiles_once(model, drafter):
+  rng = np.random.default_rng(1)
+  before = TRACES["Speculative"]
+  for i in range(20):
+    prompts = [list(rng.integers(0, 6, rng.integers(1, 17))) for _ in range(2)]
+    dec = pf.decoders.Speculative(3, pf.Temperature(float(rng.uniform(0.5, 2))))
+    pf.generate(model, prompts, decoder=dec, max_new_tokens=8, rng=jax.random.key(i),
+                max_prompt_len=16, draft_model=drafter)
+  assert TRACES["Speculative"] - before == 1
+
+
+@pytest.mark.fast
+def test_bad_parameters_are_clear_errors(model):
+  with pytest.raises(ValueError, match="block_size >= 1"):
+    pf.generate(model, [[1, 2]], decoder=pf.decoders.Speculative(0), draft_model=model)
+  other = micro_model(seed=3, vocab_size=40, d_model=16, n_layers=1)
+  with pytest.raises(ValueError, match="vocabulary.*40 != 48"):
+    pf.generate(model, [[1, 2]], decoder=pf.decoders.Speculative(2), draft_model=other)
+  with pytest.raises(ValueError, match="needs draft_model="):
+    pf.generate(model, [[1, 2]], decoder=pf.decoders.Speculative(2))
+  with pytest.raises(ValueError, match="needs draft_model="):
+    pf.decoders.Speculative(2).validate(model.cfg, None)
+
+
+@pytest.mark.slow
+def test_stochastic_speculative_samples_the_ar_joint(monkeypatch):
+  """20k sampled continuations vs the verifier's exactly enumerated AR joint; the same test
+  rejects a verifier that resamples from p instead of the residual."""
+  model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
+  drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1)
+  sampler = pf.Temperature(1.0)
+  prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
+  seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
+  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1)
+  t = full.shape[1]
+  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
+                    pf.masks.causal(jnp.full((len(seqs),), t), t))
+  probs = np.asarray(sampler.probs(logits[:, len(prompt) - 1:t - 1]), np.float64)
+  joint = np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
+
+  dec = pf.decoders.Speculative(2, sampler)
+
+  def sample():
+    out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
+                      rng=jax.random.key(0), draft_model=drafter)
+    acc = np.asarray(out.accepted)
+    # step 1 emits 1 (first draft rejected), 2 (second rejected) or 3 (both accepted); a
+    # full acceptance sends step 2's drafter the 2-token catch-up chunk
+    assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
+    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
+
+  assert_samples_the_joint(sample, joint, monkeypatch, "speculative decoding")

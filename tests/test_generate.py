@@ -1,7 +1,6 @@
 """AR generate: exact vs a no-cache reference, batch = rows alone, while = Python loop,
 compile once, EOS handling, sampled joint by enumeration, and clear input errors."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import paraflax as pf
 from paraflax import masks
 from paraflax.decoding.generate import TRACES
 from conftest import micro_model
-from test_verify import chi_square_pvalue
+from test_verify import chi_square_pvalue, enumerated_ar_joint
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11]]
 
@@ -117,13 +116,7 @@ def test_sampled_ar_matches_the_enumerated_joint():
   sampler = pf.TopK(k=5, temperature=0.9)
   prompt, n_new, rows = [3, 1], 3, 20000
 
-  seqs = np.array(list(itertools.product(range(8), repeat=n_new)))
-  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), 2)), seqs], 1)
-  t = full.shape[1]
-  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
-                    masks.causal(jnp.full((len(seqs),), t), t))
-  probs = np.asarray(sampler.probs(logits[:, 1:t - 1]), np.float64)  # positions scoring x1..x3
-  joint = np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
+  joint = enumerated_ar_joint(model, sampler, prompt, n_new)
   assert abs(joint.sum() - 1) < 1e-4
 
   def sample(s):

@@ -1,6 +1,5 @@
 """Prompt lookup: the vectorised match, greedy = AR, stochastic exactness, compile once."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ from paraflax.decoding.generate import TRACES
 from paraflax.decoding.prompt_lookup import lookup
 from conftest import micro_model
 from test_generate import reference_greedy
-from test_verify import assert_samples_the_joint
+from test_verify import assert_samples_the_joint, enumerated_ar_joint
 
 # repetitive prompts make lookups hit (accept path) and miss (reject path)
 PROMPTS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3, 7, 1], [11, 11],
@@ -102,13 +101,7 @@ def test_stochastic_prompt_lookup_samples_the_ar_joint(monkeypatch):
   model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
   sampler = pf.Temperature(1.0)
   prompt, n_new, rows, v = [1, 2, 1, 2, 1], 3, 20000, 6
-  seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
-  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1)
-  t = full.shape[1]
-  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
-                    pf.masks.causal(jnp.full((len(seqs),), t), t))
-  probs = np.asarray(sampler.probs(logits[:, len(prompt) - 1:t - 1]), np.float64)
-  joint = np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
+  joint = enumerated_ar_joint(model, sampler, prompt, n_new)
 
   dec = pf.decoders.PromptLookup(max_ngram=2, num_tokens=2, sampler=sampler)
 

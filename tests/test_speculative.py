@@ -1,7 +1,6 @@
 """Speculative decoding with a small AR drafter: greedy = AR, the drafter's cache rollback,
 stochastic exactness, compile once, clear errors."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ from paraflax import masks
 from paraflax.decoding.generate import TRACES
 from conftest import MICRO, micro_model
 from test_generate import reference_greedy
-from test_verify import assert_samples_the_joint
+from test_verify import assert_samples_the_joint, enumerated_ar_joint
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 4, 3, 4, 3, 4, 3]]
 N_NEW = 20
@@ -175,13 +174,7 @@ def test_stochastic_speculative_samples_the_ar_joint(monkeypatch):
   drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1)
   sampler = pf.Temperature(1.0)
   prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
-  seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
-  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1)
-  t = full.shape[1]
-  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
-                    pf.masks.causal(jnp.full((len(seqs),), t), t))
-  probs = np.asarray(sampler.probs(logits[:, len(prompt) - 1:t - 1]), np.float64)
-  joint = np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
+  joint = enumerated_ar_joint(model, sampler, prompt, n_new)
 
   dec = pf.decoders.Speculative(2, sampler)
 

@@ -1,6 +1,8 @@
 """The shared acceptance core: greedy rules, exactness in closed form, and a whole speculative
 loop sampled 30k times against the exact joint (with a biased negative control)."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 from scipy import stats
 
 import paraflax as pf
-from paraflax import verify
+from paraflax import masks, verify
 
 
 @pytest.mark.fast
@@ -128,6 +130,19 @@ def chi_square_pvalue(samples_flat, probs_flat):
   if exp[-1] == 0:
     obs, exp = obs[:-1], exp[:-1]
   return stats.chisquare(obs, exp).pvalue
+
+
+def enumerated_ar_joint(model, sampler, prompt, n_new: int):
+  """Exact probability of every continuation of n_new tokens under the model's sampler-warped
+  AR distribution: [V**n_new], in `np.ravel_multi_index` order."""
+  v = model.cfg.vocab_size
+  seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
+  full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1)
+  t = full.shape[1]
+  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
+                    masks.causal(jnp.full((len(seqs),), t), t))
+  probs = np.asarray(sampler.probs(logits[:, len(prompt) - 1:t - 1]), np.float64)
+  return np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)
 
 
 def assert_samples_the_joint(sample, joint, monkeypatch, what: str) -> None:

@@ -32,6 +32,10 @@ class Greedy:
     del rng
     return jnp.argmax(logits, -1).astype(jnp.int32)
 
+  def draft(self, rng, logits):
+    """(draft tokens, their proposal q): greedy drafts need no q (verification is greedy)."""
+    return self.sample(rng, logits), None
+
 
 class _Stochastic:
   """Shared validation/probs/sample for the temperature-based samplers."""
@@ -46,6 +50,10 @@ class _Stochastic:
 
   def sample(self, rng, logits):
     return jax.random.categorical(rng, self.warp(logits), -1).astype(jnp.int32)
+
+  def draft(self, rng, logits):
+    """(draft tokens sampled from the warped logits, that distribution q for verification)."""
+    return self.sample(rng, logits), self.probs(logits)
 
 
 @struct.dataclass

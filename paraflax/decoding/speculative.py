@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax import masks
-from paraflax.cache import ChunkKV, KVCache, commit
+from paraflax.cache import ChunkKV, KVCache
 from paraflax.decoding import state as st
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
@@ -36,10 +36,6 @@ class DraftCache:
   """The drafter's cache and its deferred commit (chunk width 2, up to 2 kept rows)."""
   cache: KVCache
   pending: st.PendingCommit
-
-
-def _flush(cache: KVCache, pending: st.PendingCommit) -> KVCache:
-  return commit(cache, pending.kv, pending.src, pending.count)
 
 
 def _pad_chunk(kv: ChunkKV, t: int) -> ChunkKV:
@@ -82,12 +78,6 @@ class Speculative:
                     steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=extra)
 
-  def _pick(self, rng, logits_BxV):
-    """A draft token and the distribution q it was sampled from (None when greedy)."""
-    if self.sampler.greedy:
-      return jnp.argmax(logits_BxV, -1).astype(jnp.int32), None
-    return self.sampler.sample(rng, logits_BxV), self.sampler.probs(logits_BxV)
-
   def _draft(self, draft, state: st.DecodeState, rng):
     """k drafter forwards. Returns (drafts [B, k], q [B, k, V] or None, drafter cache with
     every call but the last committed, the last call's deferred commit)."""
@@ -95,7 +85,7 @@ class Speculative:
     b = state.lengths.shape[0]
     active = ~state.done
     rows = jnp.arange(b)
-    cache = _flush(state.extra.cache, state.extra.pending)
+    cache = st.apply_pending(state.extra.cache, state.extra.pending)
     end = state.prompt_lens + state.lengths  # context length; slot i = position i
     # call 1: the emitted tokens the drafter has not cached (1 or 2), as one padded chunk
     unseen = jnp.clip(end - cache.lengths, 1, _LAG)
@@ -106,7 +96,7 @@ class Speculative:
     pos = cache.lengths[:, None] + jnp.arange(_LAG)
     mask = masks.over_cache(cache.lengths, cache.slots, masks.causal(unseen, _LAG))
     logits, kv = draft(chunk, pos, mask, cache)
-    d1, q1 = self._pick(jax.random.fold_in(rng, 0), logits[rows, unseen - 1])
+    d1, q1 = self.sampler.draft(jax.random.fold_in(rng, 0), logits[rows, unseen - 1])
     pending = st.PendingCommit(kv=kv, src=jnp.broadcast_to(jnp.arange(_LAG), (b, _LAG)),
                                count=jnp.where(active, unseen, 0))
     drafts = jnp.zeros((b, k), jnp.int32).at[:, 0].set(d1)
@@ -114,11 +104,11 @@ class Speculative:
 
     def body(j, carry):  # feed d_j at position end + j - 1, draft d_{j+1}
       cache, pending, drafts, q = carry
-      cache = _flush(cache, pending)
+      cache = st.apply_pending(cache, pending)
       tok = drafts[:, j - 1][:, None]
       logits, kv = draft(tok, (end + j - 1)[:, None], masks.decode(cache.lengths, cache.slots, 1),
                          cache)
-      d, qj = self._pick(jax.random.fold_in(rng, j), logits[:, 0])
+      d, qj = self.sampler.draft(jax.random.fold_in(rng, j), logits[:, 0])
       pending = st.PendingCommit(kv=_pad_chunk(kv, _LAG), src=jnp.zeros((b, _LAG), jnp.int32),
                                  count=active.astype(jnp.int32))
       drafts = drafts.at[:, j].set(d)

@@ -54,10 +54,14 @@ def no_pending(cache: KVCache, t: int, n: int) -> PendingCommit:
                        count=jnp.zeros((b,), jnp.int32))
 
 
+def apply_pending(cache: KVCache, p: PendingCommit) -> KVCache:
+  """`cache` with the kept rows of `p` committed (any model's cache: target or drafter)."""
+  return commit(cache, p.kv, p.src, p.count)
+
+
 def flush(state: "DecodeState") -> KVCache:
-  """The cache with the previous step's kept rows committed."""
-  p = state.pending
-  return commit(state.cache, p.kv, p.src, p.count)
+  """The target cache with the previous step's kept rows committed."""
+  return apply_pending(state.cache, state.pending)
 
 
 @struct.dataclass

@@ -84,13 +84,6 @@ class TiDAR:
   def _mix(self, ar_logits, diff_logits):
     return self.beta * ar_logits + (1.0 - self.beta) * diff_logits
 
-  def _draft(self, rng, logits_BxKxV) -> Drafts:
-    """Drafts from the chosen block's slots 2..k: argmax, or a sample with its q."""
-    if self.sampler.greedy:
-      return Drafts(tokens=jnp.argmax(logits_BxKxV, -1).astype(jnp.int32), q=None)
-    return Drafts(tokens=self.sampler.sample(rng, logits_BxKxV),
-                  q=self.sampler.probs(logits_BxKxV))
-
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
     k = self.block_size
@@ -106,7 +99,7 @@ class TiDAR:
     rng, s_first, s_draft = jax.random.split(rng, 3)
     target = self._mix(logits[jnp.arange(b), prompt_lens - 1], logits[:, p])
     first = self.sampler.sample(s_first, target)
-    drafts = self._draft(s_draft, logits[:, p + 1:])
+    drafts = Drafts(*self.sampler.draft(s_draft, logits[:, p + 1:]))
     pending = st.no_pending(cache, k, k)
     state = st.new_state((b, max_new_tokens), prompt_lens, cache, pending,
                          self.max_steps(max_new_tokens), rng, eos_id, drafts)
@@ -138,7 +131,7 @@ class TiDAR:
       n_acc, nxt = verify.verify(s_verify, self.sampler, drafts.tokens, drafts.q, target_BxKxV)
     # slots 2..k of block n_acc (after the accepted inputs) draft the next step
     chosen = jnp.take_along_axis(diff_BxKxKxV, n_acc[:, None, None, None], 1)[:, 0, 1:]
-    new_drafts = self._draft(s_draft, chosen)
+    new_drafts = Drafts(*self.sampler.draft(s_draft, chosen))
     new = jnp.concatenate([drafts.tokens, jnp.zeros((b, 1), jnp.int32)], 1)
     new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_2..d_{n+1}, next, ...]
     src = jnp.broadcast_to(jnp.arange(k), (b, k))

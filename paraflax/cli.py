@@ -116,7 +116,7 @@ OTHER_WEIGHTS = {"jf": "jf_workdir", "tidar": "tidar_workdir"}  # weights name -
 
 def cmd_bench(args):
   from paraflax.evaluation import bench
-  from paraflax.evaluation.quality import heldout_loss, heldout_metrics
+  from paraflax.evaluation.quality import heldout_batches, heldout_loss, heldout_metrics
   from paraflax.training import load_trained
   model, tok, encode = load_model(args)
   others = {}
@@ -142,11 +142,12 @@ def cmd_bench(args):
         f"{len(prompts)} problems, {args.max_new_tokens} tokens): " + ", ".join(
             f"{w} {q['humaneval_pass_at_1']:.2f}" for w, q in quality.items()))
   if others:  # other weights than the base: how much did quality move?
+    val = heldout_batches(tok)
     for w, m in weights.items():
-      quality[w]["heldout_loss"] = heldout_loss(m, tok)
+      quality[w]["heldout_loss"] = heldout_loss(m, val)
     if "tidar" in others:  # the diffusion mode's own loss, next to its AR mode's
       quality["tidar"]["heldout_diffusion_loss"] = heldout_metrics(
-          others["tidar"], tok, "tidar", {"block_size": 8})["diff_loss"]
+          others["tidar"], val, "tidar", {"block_size": 8})["diff_loss"]
     print("held-out stdlib loss (nats/token, AR mode): " + ", ".join(
         f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items())
         + ("" if "tidar" not in quality else

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from paraflax import decoders  # noqa: E402
 from paraflax.cli import humaneval_prompts  # noqa: E402
 from paraflax.evaluation.bench import Method, run_bench  # noqa: E402
-from paraflax.evaluation.quality import heldout_loss  # noqa: E402
+from paraflax.evaluation.quality import heldout_batches, heldout_loss  # noqa: E402
 from paraflax.training import load_trained  # noqa: E402
 from paraflax.decoding.generate import generate  # noqa: E402
 
@@ -40,7 +40,7 @@ def main():
   base, tok, _ = load_trained(args.base)
   prompts = humaneval_prompts(tok.encode, args.prompts, 192)
   mr = decoders.Jacobi(16, num_blocks=2, pool_size=16, num_candidates=2)
-  results = []
+  results, val = [], heldout_batches(tok)
   for wd in [args.base] + args.runs:
     if wd in known:
       results.append(known[wd])
@@ -50,7 +50,7 @@ def main():
                                      Method("mr", mr, model=model, weights=wd)])
     text = generate(model, prompts[:1], max_new_tokens=32, eos_id=tok.eos_id)
     text = jax.device_get(text)
-    r = {"run": wd, "heldout_loss": heldout_loss(model, tok),
+    r = {"run": wd, "heldout_loss": heldout_loss(model, val),
          "jacobi_tokens_per_forward": rows[1].tokens_per_forward,
          "mr_tokens_per_forward": rows[2].tokens_per_forward,
          "exact": min(rows[1].exact_match_vs_ar, rows[2].exact_match_vs_ar),

@@ -17,13 +17,9 @@ from paraflax.training.config import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:
-  base = load_config(Path(__file__).with_name("tiny_ar.py"))
   return dataclasses.replace(
-      base,
-      model=dataclasses.replace(base.model, mask_token_id=2),
+      load_config(Path(__file__).with_name("tidar_scratch.py")),  # the model and objective
       init_from="checkpoints/tiny_ar",
-      objective="tidar",
-      objective_args={"block_size": [4, 8, 16], "alpha": 1.0},
       optim=OptimConfig(peak_lr=2e-3, warmup_steps=30, end_lr_fraction=0.1, weight_decay=0.1),
       steps=400,
       eval_every=100,

@@ -64,6 +64,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
+  sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
 
   def __post_init__(self):
@@ -88,9 +89,10 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
-    if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-      raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
-                       f"[0, {self.vocab_size})")
+    for name in ("mask_token_id", "sep_token_id"):
+      value = getattr(self, name)
+      if value is not None and not 0 <= value < self.vocab_size:
+        raise ValueError(f"{name} {value} is outside the vocabulary [0, {self.vocab_size})")
 
   @property
   def dim_per_head(self) -> int:

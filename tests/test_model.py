@@ -72,6 +72,7 @@ def test_mask_shape_mismatch_is_a_clear_error(model):
     (dict(n_layers=0), "n_layers must be >= 1"),
     (dict(dtype="float64"), "dtype must be one of"),
     (dict(mask_token_id=48), "outside the vocabulary"),
+    (dict(sep_token_id=-1), "sep_token_id -1 is outside the vocabulary"),
 ])
 def test_bad_config_is_a_clear_error(bad, match):
   with pytest.raises(ValueError, match=match):

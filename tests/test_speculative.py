@@ -1,19 +1,20 @@
-"""Speculative decoding with a small AR drafter: greedy = AR, the drafter's cache rollback,
-stochastic exactness, compile once, clear errors."""
+"""Speculative decoding with a small AR drafter and with a DEER block-diffusion drafter:
+greedy = AR, the drafter's cache (rollback / re-feed), stochastic exactness, compile once,
+clear errors."""
 
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import MICRO, micro_model
 from flax import nnx
+from test_generate import reference_greedy
+from test_verify import assert_samples_the_joint, enumerated_ar_joint
 
 import paraflax as pf
 from paraflax import masks
 from paraflax.decoding.generate import TRACES
-from conftest import MICRO, micro_model
-from test_generate import reference_greedy
-from test_verify import assert_samples_the_joint, enumerated_ar_joint
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 4, 3, 4, 3, 4, 3]]
 N_NEW = 20
@@ -188,3 +189,132 @@ def test_stochastic_speculative_samples_the_ar_joint(monkeypatch):
     return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
 
   assert_samples_the_joint(sample, joint, monkeypatch, "speculative decoding")
+
+
+# --- DEER: a block-diffusion drafter (one forward drafts the whole block) ---
+
+V_SMALL = 8  # small vocabulary: random drafts are accepted often enough to exercise every path
+DEER_IDS = {"mask_token_id": 6, "sep_token_id": 7}
+
+
+@pytest.fixture(scope="module")
+def small_target():
+  return micro_model(seed=11, vocab_size=V_SMALL, logit_std=2.5)
+
+
+@pytest.fixture(scope="module")
+def diffusion_drafter():
+  return micro_model(seed=12, vocab_size=V_SMALL, d_model=16, n_layers=1, **DEER_IDS)
+
+
+def _diffusion_block(drafter, width):
+  """The k argmax drafts of the drafter's block after `context`, by one full forward of
+  [context, <sep>, <mask> x k] (no cache): what an exact drafter cache must reproduce."""
+  graphdef, params = nnx.split(drafter)
+  cfg = drafter.cfg
+
+  @jax.jit
+  def block(seq, c):
+    j = jnp.arange(width)
+    kinds = jnp.where(j < c, masks.CLEAN, masks.MASKED)
+    logits, _ = nnx.merge(graphdef, params)(seq[None], j[None], masks.tidar(
+        kinds[None], (j >= c)[None].astype(jnp.int32)))
+    return jnp.argmax(logits[0], -1).astype(jnp.int32)
+
+  def run(context, k):
+    seq = np.full(width, cfg.mask_token_id, np.int32)
+    seq[:len(context)] = context
+    seq[len(context)] = cfg.sep_token_id
+    out = np.asarray(block(jnp.asarray(seq), jnp.int32(len(context))))
+    return out[len(context) + 1:len(context) + 1 + k].tolist()
+
+  return run
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
+    small_target, diffusion_drafter, k):
+  prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
+  dec = pf.decoders.Speculative(k, drafter="diffusion")
+  out = pf.generate(small_target, prompts, decoder=dec, max_new_tokens=N_NEW,
+                    draft_model=diffusion_drafter)
+  ar = pf.generate(small_target, prompts, max_new_tokens=N_NEW)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  acc = np.asarray(out.accepted)
+  np.testing.assert_array_equal(out.forwards, (acc > 0).sum(1))
+  np.testing.assert_array_equal(out.draft_forwards, out.forwards)  # one drafter call a step
+  # the counts pin the drafter's cache: a missing or duplicated context token changes drafts
+  block = _diffusion_block(diffusion_drafter, 64)
+  for b, prompt in enumerate(prompts):
+    toks = [int(t) for t in out.tokens[b]]
+    want = _expected_accepted(block, prompt, toks, k, N_NEW)
+    assert acc[b, :len(want)].tolist() == want, (b, acc[b].tolist(), want)
+  assert acc.max() > 1, "some drafts are accepted"
+  if k == 1:  # (larger blocks reach k + 1 unseen tokens in the stochastic test)
+    assert acc.max() == 2, "a full acceptance (k + 1 unseen tokens next step) happens"
+
+
+@pytest.mark.fast
+def test_deer_eos_loop_twin_and_compiles_once(small_target, diffusion_drafter):
+  prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
+  dec = pf.decoders.Speculative(3, drafter="diffusion")
+  ar = pf.generate(small_target, prompts, max_new_tokens=16)
+  eos = int(ar.tokens[1, 5])
+  kw = {"decoder": dec, "max_new_tokens": 16, "eos_id": eos, "draft_model": diffusion_drafter}
+  a = pf.generate(small_target, prompts, **kw)
+  b = pf.generate(small_target, prompts, loop="python", **kw)
+  ar_eos = pf.generate(small_target, prompts, max_new_tokens=16, eos_id=eos)
+  np.testing.assert_array_equal(a.tokens, ar_eos.tokens)
+  np.testing.assert_array_equal(a.lengths, ar_eos.lengths)
+  for f in ("tokens", "lengths", "forwards", "draft_forwards", "accepted"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+  rng = np.random.default_rng(2)
+  before = TRACES["Speculative"]
+  for i in range(12):
+    rows = [list(rng.integers(0, 6, rng.integers(1, 17))) for _ in range(2)]
+    dec = pf.decoders.Speculative(4, pf.Temperature(float(rng.uniform(0.5, 2))),
+                                  drafter="diffusion")
+    pf.generate(small_target, rows, decoder=dec, max_new_tokens=8, rng=jax.random.key(i),
+                max_prompt_len=16, draft_model=diffusion_drafter)
+  assert TRACES["Speculative"] - before == 1
+
+
+@pytest.mark.fast
+def test_deer_bad_drafters_are_clear_errors(small_target):
+  dec = pf.decoders.Speculative(2, drafter="diffusion")
+  for missing in ("mask_token_id", "sep_token_id"):
+    plain = micro_model(seed=3, vocab_size=V_SMALL, d_model=16, n_layers=1,
+                        **{**DEER_IDS, missing: None})
+    with pytest.raises(ValueError, match=f"diffusion drafting needs a DEER drafter.*{missing}"):
+      pf.generate(small_target, [[1, 2]], decoder=dec, draft_model=plain)
+  with pytest.raises(ValueError, match="vocabulary"):
+    pf.generate(small_target, [[1, 2]], decoder=dec,
+                draft_model=micro_model(seed=3, d_model=16, n_layers=1, **DEER_IDS))
+  with pytest.raises(ValueError, match="drafter must be one of"):
+    pf.decoders.Speculative(2, drafter="dlm").validate(small_target.cfg, small_target.cfg)
+  with pytest.raises(ValueError, match="block_size >= 1"):
+    pf.decoders.Speculative(0, drafter="diffusion").validate(small_target.cfg, small_target.cfg)
+
+
+@pytest.mark.slow
+def test_deer_stochastic_samples_the_ar_joint(monkeypatch):
+  """20k sampled continuations with the block-marginal q vs the enumerated AR joint; the
+  biased-residual control must fail."""
+  model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
+  drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1,
+                        mask_token_id=4, sep_token_id=5)
+  sampler = pf.Temperature(1.0)
+  prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
+  joint = enumerated_ar_joint(model, sampler, prompt, n_new)
+  dec = pf.decoders.Speculative(2, sampler, drafter="diffusion")
+
+  def sample():
+    out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
+                      rng=jax.random.key(0), draft_model=drafter)
+    acc = np.asarray(out.accepted)
+    # step 1 emits 1, 2 or 3 tokens, so step 2's drafter re-feeds 1, 2 or 3 unseen tokens
+    assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
+    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
+
+  assert_samples_the_joint(sample, joint, monkeypatch, "DEER speculative decoding")

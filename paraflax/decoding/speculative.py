@@ -1,9 +1,9 @@
-"""Classic speculative decoding: a small AR drafter proposes k tokens one by one, the target
-verifies them in one forward (`verify_drafts`), exact for greedy and for sampling.
+"""Speculative decoding: a drafter proposes k tokens, the target verifies them in one forward
+(`verify_drafts`), exact for greedy and for sampling. Two drafter kinds (`drafter=`):
 
-Both models keep a KV cache. Slot i of either cache holds the token at position i (prompt,
-then emitted tokens). The drafter's cache (`DraftCache`, in `state.extra`) only ever keeps
-tokens that were finally emitted:
+"ar": classic speculative decoding, a small AR model drafting k tokens one by one. Slot i of
+either cache holds the token at position i (prompt, then emitted tokens). The drafter's cache
+(`DraftCache`, in `state.extra`) only ever keeps tokens that were finally emitted:
 
   * it lags the context by u in {1, 2} tokens at the start of a step (1 after a rejection:
     the target's correction; 2 after a full acceptance: the last draft and the bonus token);
@@ -14,6 +14,15 @@ tokens that were finally emitted:
   * after verification the drafter cache length is cut back to the emitted prefix and the
     deferred commit is trimmed to it, so a rejected draft's keys are never visible again
     (they stay in memory past `lengths`, masked, and are overwritten later).
+
+"diffusion": DEER, a prefix-conditioned block-diffusion drafter (`training/deer.py` trains
+it) drafting all k tokens in one forward. Its cache holds the emitted context; a draft call
+feeds the u in 1..k+1 emitted tokens it has not seen (causal, padded to k+1), then
+[<sep>, <mask> x k] at positions c..c+k (c = context length), which see the context and each
+other (`masks.tidar`). Mask i's distribution q_i (the block marginal given the prefix, warped
+by the sampler) drafts d_i. Only the u context tokens are committed, so the cache never holds
+a draft and needs no rollback. Verification stops at the first rejection (exact; the paper's
+pseudo-code re-queries the drafter and walks on, which is not).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax import masks
-from paraflax.cache import ChunkKV, KVCache
+from paraflax.cache import ChunkKV, KVCache, commit
 from paraflax.decoding import state as st
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
@@ -44,22 +53,35 @@ def _pad_chunk(kv: ChunkKV, t: int) -> ChunkKV:
   return ChunkKV(k=jnp.pad(kv.k, pad), v=jnp.pad(kv.v, pad))
 
 
+DRAFTERS = ("ar", "diffusion")
+
+
 @struct.dataclass
 class Speculative:
-  """Draft `block_size` tokens with `draft_model=` (an AR model with the same vocabulary),
-  verify them with the target in one forward. `sampler` warps both p and q."""
+  """Draft `block_size` tokens with `draft_model=` (same vocabulary as the target), verify
+  them with the target in one forward. `drafter`: "ar" (k drafter forwards a step) or
+  "diffusion" (DEER: one forward a step). `sampler` warps both p and q."""
   block_size: int = struct.field(pytree_node=False, default=4)
   sampler: object = struct.field(default_factory=Greedy)
+  drafter: str = struct.field(pytree_node=False, default="ar")
   uses_draft_model = True
 
   def validate(self, cfg, draft_cfg):
-    if self.block_size < 1:
-      raise ValueError(f"Speculative needs block_size >= 1, got {self.block_size}")
+    k = self.block_size
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ValueError(f"Speculative needs block_size >= 1, got {k!r}")
+    if self.drafter not in DRAFTERS:
+      raise ValueError(f"Speculative drafter must be one of {DRAFTERS}, got {self.drafter!r}")
     if draft_cfg is None:
-      raise ValueError("Speculative needs draft_model= (a small AR model to draft with)")
+      raise ValueError(f"Speculative needs draft_model= (the {self.drafter} model to draft with)")
     if draft_cfg.vocab_size != cfg.vocab_size:
       raise ValueError(f"Speculative needs the drafter's vocabulary to be the verifier's: "
                        f"draft vocab_size {draft_cfg.vocab_size} != {cfg.vocab_size}")
+    if self.drafter == "diffusion":
+      for name in ("mask_token_id", "sep_token_id"):
+        if getattr(draft_cfg, name) is None:
+          raise ValueError(f"diffusion drafting needs a DEER drafter: the draft model's "
+                           f"ModelConfig.{name} is None (train one with configs/deer_drafter.py)")
     self.sampler.validate()
 
   def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -73,10 +95,42 @@ class Speculative:
     capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
     # the drafter's prefill logits are not needed: the first token is the target's
     dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
-    extra = DraftCache(cache=dcache, pending=st.no_pending(dcache, _LAG, _LAG))
+    extra = (dcache if self.drafter == "diffusion"
+             else DraftCache(cache=dcache, pending=st.no_pending(dcache, _LAG, _LAG)))
     return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
                     steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=extra)
+
+  def _draft_diffusion(self, draft, state: st.DecodeState, rng):
+    """One drafter forward. Returns (drafts [B, k], q [B, k, V] or None, drafter cache
+    holding the whole context)."""
+    k, u_max = self.block_size, self.block_size + 1
+    b = state.lengths.shape[0]
+    cache = state.extra
+    end = state.prompt_lens + state.lengths  # context length c
+    unseen = end - cache.lengths  # [B] 1..k+1 emitted tokens the drafter has not cached
+    idx = cache.lengths[:, None] - state.prompt_lens[:, None] + jnp.arange(u_max)
+    idx = jnp.clip(idx, 0, state.tokens.shape[1] - 1)
+    fresh = jnp.where(jnp.arange(u_max)[None] < unseen[:, None],
+                      jnp.take_along_axis(state.tokens, idx, 1), 0)
+    cfg = draft.cfg
+    block = jnp.full((b, k + 1), cfg.mask_token_id, jnp.int32).at[:, 0].set(cfg.sep_token_id)
+    tokens = jnp.concatenate([fresh, block], 1)  # [B, 2k+2]
+    positions = jnp.concatenate([cache.lengths[:, None] + jnp.arange(u_max),
+                                 end[:, None] + jnp.arange(k + 1)], 1)
+    kinds = jnp.array([masks.CLEAN] * u_max + [masks.MASKED] * (k + 1))
+    blocks = jnp.array([0] * u_max + [1] * (k + 1))
+    valid = jnp.concatenate([jnp.arange(u_max)[None] < unseen[:, None],
+                             jnp.ones((b, k + 1), bool)], 1)
+    chunk = masks.tidar(jnp.broadcast_to(kinds, (b, kinds.size)),
+                        jnp.broadcast_to(blocks, (b, blocks.size)), valid)
+    logits, kv = draft(tokens, positions, masks.over_cache(cache.lengths, cache.slots, chunk),
+                       cache)
+    drafts, q = self.sampler.draft(rng, logits[:, u_max + 1:])
+    kv = ChunkKV(k=kv.k[:, :, :u_max], v=kv.v[:, :, :u_max])  # context tokens only
+    src = jnp.broadcast_to(jnp.arange(u_max), (b, u_max))
+    cache = commit(cache, kv, src, jnp.where(state.done, 0, unseen))
+    return drafts, q, cache
 
   def _draft(self, draft, state: st.DecodeState, rng):
     """k drafter forwards. Returns (drafts [B, k], q [B, k, V] or None, drafter cache with
@@ -121,6 +175,11 @@ class Speculative:
     active = ~state.done
     rng, sub = jax.random.split(state.rng)
     state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
+    if self.drafter == "diffusion":
+      drafts, q, dcache = self._draft_diffusion(draft, state, sub)
+      state = state.replace(draft_forwards=state.draft_forwards + active)
+      state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
+      return state.replace(extra=dcache)  # it holds only emitted tokens: nothing to roll back
     dcache, dpending, drafts, q = self._draft(draft, state, sub)
     state = state.replace(draft_forwards=state.draft_forwards + self.block_size * active)
     state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)

@@ -49,6 +49,8 @@ def test_bench_writes_the_contract_json(workdir, tmp_path):
   for row in rows:  # steps that emitted i tokens, for i >= 1, add up to the tokens
     hist = row["accepted_histogram"]
     assert hist[0] == 0 and sum(i * c for i, c in enumerate(hist)) + 3 == row["tokens"]
+    assert row["max_accepted"] == len(hist) - 2 and 0 <= row["mean_accepted"] <= len(hist) - 2
+  assert ar["max_accepted"] == 0 and ar["mean_accepted"] == 0.0
   for png in ("bench_speed.png", "bench_accepted.png"):
     assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
   assert ar["tokens_per_second"] > 0

@@ -1,6 +1,7 @@
 """`paraflax bench`: every method on the same prompts, warm, in one process.
 
 Per method: tokens per forward (generated tokens / all target forwards, prefill included),
+drafts accepted per decoding step (mean and max; "acc" / "max"), target and drafter forwards,
 tokens/s (warm; compile time reported separately), speedup vs the AR baseline (the base model;
 methods may run other weights of the same architecture, such as a Jacobi Forcing model), and
 greedy exact match vs greedy AR of the weights the method ran. Writes the JSON of DESIGN.md §6
@@ -46,6 +47,8 @@ class Row:
   speedup_vs_ar: float
   exact_match_vs_ar: float | None  # fraction of rows identical to greedy AR (greedy only)
   accepted_histogram: list[int]  # [i]: decoding steps that emitted i tokens (i >= 1)
+  mean_accepted: float  # drafts accepted per decoding step (emitted - 1), mean
+  max_accepted: int  # drafts accepted in one step, most
 
 
 def _batches(prompts, batch_size):
@@ -102,17 +105,20 @@ def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method]
       exact = float(np.mean([a == b for a, b in zip(outs, ar_outs[method.weights])]))
     rows.append(Row(method.name, method.settings, method.weights, tokens, forwards, drafts,
                     tokens / forwards, tps, max(warm - seconds * batch_size / len(prompts), 0.0),
-                    tps / ar_tps, exact, np.bincount(steps).tolist()))
+                    tps / ar_tps, exact, np.bincount(steps).tolist(), float(steps.mean() - 1),
+                    int(steps.max() - 1)))
   return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
-  head = (f"{'method':<18} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'draft fwd':>9} "
-          f"{'tok/s':>9} {'speedup':>8} {'exact':>6} {'compile s':>9}")
+  head = (f"{'method':<18} {'settings':<18} {'weights':<8} {'tok/fwd':>8} {'acc':>5} "
+          f"{'max':>4} {'fwd':>6} {'draft fwd':>9} {'tok/s':>9} {'speedup':>8} {'exact':>6} "
+          f"{'compile s':>9}")
   lines = [head, "-" * len(head)]
   for r in rows:
     exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"
     lines.append(f"{r.method:<18} {r.settings:<18} {r.weights:<8} {r.tokens_per_forward:>8.2f} "
+                 f"{r.mean_accepted:>5.2f} {r.max_accepted:>4d} {r.forwards:>6d} "
                  f"{r.draft_forwards:>9d} {r.tokens_per_second:>9.1f} {r.speedup_vs_ar:>7.2f}x "
                  f"{exact:>6} {r.compile_seconds:>9.1f}")
   return "\n".join(lines)

@@ -6,13 +6,13 @@ from paraflax.config import ModelConfig, RopeScaling
 from paraflax.decoding.generate import generate, generate_steps
 from paraflax.decoding.state import GenerateOutput
 from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
-from paraflax.model import Transformer
+from paraflax.model import Queries, Transformer
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
 from paraflax.sharding import MeshConfig, make_mesh
 
 __all__ = [
     "ChunkKV", "GenerateOutput", "Greedy", "KVCache", "ModelConfig", "RopeScaling",
-    "Temperature", "TopK", "TopP", "Transformer", "commit", "convert_hf", "decoders",
+    "Queries", "Temperature", "TopK", "TopP", "Transformer", "commit", "convert_hf", "decoders",
     "export_hf", "generate", "generate_steps", "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "sampling", "verify",
     "MeshConfig", "distributed", "make_mesh", "sharding",

@@ -203,3 +203,31 @@ def tidar_decode(cache_lengths_B: jax.Array, slots: int, k: int) -> jax.Array:
   blocks = jnp.concatenate([jnp.arange(1, k + 1), jnp.repeat(jnp.arange(2, k + 2), k)])
   chunk = tidar(kinds[None], blocks[None])
   return over_cache(cache_lengths_B, slots, jnp.broadcast_to(chunk, (b,) + chunk.shape[1:]))
+
+
+def lattice(visible_BxN: jax.Array, valid_BxN: jax.Array | None = None):
+  """AS-ARM masks of a teacher-forced sequence (the binary-lattice decomposition, Eq. 4):
+  (content `[B, N, N]`, query `[B, N, N]`).
+
+  Visible (prompt) tokens see each other bidirectionally and never a target; targets are
+  generated in ascending position order, so a target's content sees the prompt and the
+  targets up to itself, and its query the prompt and the targets strictly before it (never
+  its own token). A prompt position's query is unused: it sees the prompt like its content.
+  visible = [1 0 1 0] (p = prompt, t = target):
+      content            query
+      p0: 1 . 1 .        p0: 1 . 1 .   <- unused
+      t1: 1 1 1 .        t1: 1 . 1 .
+      p2: 1 . 1 .        p2: 1 . 1 .   <- unused
+      t3: 1 1 1 1        t3: 1 1 1 .
+  `valid` (default all True): invalid keys are invisible; an invalid query sees only itself.
+  """
+  n = visible_BxN.shape[1]
+  j = jnp.arange(n)
+  vis_k, tgt_q, tgt_k = visible_BxN[:, None, :], ~visible_BxN[:, :, None], ~visible_BxN[:, None, :]
+  content = vis_k | (tgt_q & tgt_k & (j[None, :] <= j[:, None])[None])
+  query = vis_k | (tgt_q & tgt_k & (j[None, :] < j[:, None])[None])
+  if valid_BxN is None:
+    return content, query
+  pad_self = ~valid_BxN[:, :, None] & jnp.eye(n, dtype=bool)[None]
+  keep = valid_BxN[:, None, :] & valid_BxN[:, :, None]
+  return (content & keep) | pad_self, (query & keep) | pad_self

@@ -5,6 +5,13 @@ slots followed by the chunk's T tokens, so `mask` is `[B, T, S+T]` (`[B, T, T]` 
 cache). The model never builds a mask and never writes the cache; it returns the chunk's
 keys/values (post-RoPE) and the caller commits the rows it keeps (`cache.commit`).
 
+Two-stream models (`two_stream=True`, AS-ARMs for ASSD) also take `queries=Queries(positions,
+mask)`: a position-only query stream (XLNet). Every query starts as one learned vector, gets
+its target position through RoPE, runs through the same layers and weights as the content
+stream, and reads the keys/values of the content stream only (cache slots + chunk tokens, as
+`queries.mask [B, Q, S+T]` allows), so a query never sees its own token. The call then returns
+the query stream's logits `[B, Q, V]` (the content stream only supplies keys/values).
+
 Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`) as
 `out_sharding` metadata, so sharding is a rules table (see `sharding.py`).
 """
@@ -12,6 +19,7 @@ Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +28,13 @@ from flax import nnx
 
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
+
+
+class Queries(NamedTuple):
+  """The query stream of a two-stream call: one query per target position."""
+  positions: jax.Array  # [B, Q] the position each query predicts
+  mask: jax.Array  # [B, Q, S+T] the content keys (cache slots, chunk tokens) it may read
+
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
@@ -97,17 +112,20 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
       self.k_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq, t_kv):
+    """Rows `:t_kv` of x are content tokens (they make the keys/values); rows after them are
+    query-stream rows (they only query)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
+    content = x_BxTxD[:, :t_kv]
     q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wk[...].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wv[...].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", content, self.wk[...].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", content, self.wv[...].astype(dt))
     if cfg.qkv_bias:
       q, k, v = q + self.bq[...].astype(dt), k + self.bk[...].astype(dt), v + self.bv[...].astype(dt)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, positions_BxT, inv_freq)
-    k = apply_rope(k, positions_BxT, inv_freq)
+    k = apply_rope(k, positions_BxT[:, :t_kv], inv_freq)
 
     b, t, h, dh = q.shape
     hkv = cfg.n_kv_heads
@@ -150,8 +168,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq):
-    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq)
+  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv):
+    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq, t_kv)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -160,8 +178,6 @@ class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the calling convention."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    if cfg.two_stream:
-      raise NotImplementedError("two_stream=True (the AS-ARM query stream) is not built yet")
     self.cfg = cfg
     v, d, pd = cfg.vocab_size, cfg.d_model, cfg.params_dtype
     embed_std = d ** -0.5 if cfg.tie_embeddings else 1.0
@@ -170,9 +186,13 @@ class Transformer(nnx.Module):
     self.final_norm = RMSNorm(d, cfg.rms_eps, pd)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, _lecun(d), (d, v), ("embed", "vocab"), pd)
+    if cfg.two_stream:  # the query stream's input at every position (XLNet's w)
+      self.query_embed = _param(rngs, jax.nn.initializers.normal(embed_std), (d,), ("embed",), pd)
 
-  def __call__(self, tokens_BxT, positions_BxT, mask, cache: KVCache | None = None):
-    """Returns (logits `[B, T, V]` float32, ChunkKV with k, v `[layers, B, T, Hkv, Dh]`)."""
+  def __call__(self, tokens_BxT, positions_BxT, mask, cache: KVCache | None = None,
+               queries: Queries | None = None):
+    """Returns (logits float32, ChunkKV with k, v `[layers, B, T, Hkv, Dh]`): the content
+    stream's logits `[B, T, V]`, or with `queries` the query stream's `[B, Q, V]`."""
     cfg = self.cfg
     b, t = tokens_BxT.shape
     s = 0 if cache is None else cache.k.shape[2]
@@ -186,14 +206,29 @@ class Transformer(nnx.Module):
     dt = cfg.compute_dtype
     inv_freq = rope_frequencies(cfg)
     x = self.embed[...].astype(dt)[tokens_BxT]
+    if queries is not None:
+      x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
       ck = None if cache is None else cache.k[i]
       cv = None if cache is None else cache.v[i]
-      x, (k, v) = layer(x, positions_BxT, mask, ck, cv, inv_freq)
+      x, (k, v) = layer(x, positions_BxT, mask, ck, cv, inv_freq, t)
       ks.append(k)
       vs.append(v)
-    x = self.final_norm(x)
+    x = self.final_norm(x if queries is None else x[:, t:])
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
     return logits, ChunkKV(k=jnp.stack(ks), v=jnp.stack(vs))
+
+  def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
+    """Append the query stream's rows to the content rows (inputs, positions, mask)."""
+    if not self.cfg.two_stream:
+      raise ValueError("queries= needs a two-stream model (ModelConfig.two_stream=True)")
+    b, t, d = x_BxTxD.shape
+    q = queries.positions.shape[1] if queries.positions.ndim == 2 else -1
+    if queries.positions.shape != (b, q) or queries.mask.shape != (b, q, s + t):
+      raise ValueError(f"queries need positions [B, Q] and mask [B, Q, S+T] = {(b, q, s + t)}, "
+                       f"got {tuple(queries.positions.shape)} and {tuple(queries.mask.shape)}")
+    g = jnp.broadcast_to(self.query_embed[...].astype(x_BxTxD.dtype), (b, q, d))
+    return (jnp.concatenate([x_BxTxD, g], 1), jnp.concatenate([positions_BxT, queries.positions], 1),
+            jnp.concatenate([mask, queries.mask], 1))

@@ -29,8 +29,8 @@ class Forward:
     graphdef, params = nnx.split(model)
     return cls(graphdef=graphdef, cfg=model.cfg, params=params)
 
-  def __call__(self, tokens, positions, mask, cache=None):
-    return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache)
+  def __call__(self, tokens, positions, mask, cache=None, queries=None):
+    return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache, queries)
 
 
 @struct.dataclass

@@ -32,9 +32,10 @@ def greedy(draft_BxK: jax.Array, target_logits_BxKp1xV: jax.Array):
   return n, jnp.take_along_axis(target, n[:, None], 1)[:, 0]
 
 
-def acceptance_probs(p_draft: jax.Array, q_draft: jax.Array) -> jax.Array:
-  """min(1, p(d)/q(d)) for drafts d sampled from q (q(d) > 0)."""
-  return jnp.minimum(1.0, p_draft / jnp.maximum(q_draft, jnp.finfo(jnp.float32).tiny))
+def acceptance_probs(p_draft: jax.Array, q_draft: jax.Array, epsilon=0.0) -> jax.Array:
+  """min(1, p(d)/q(d) + epsilon) for drafts d sampled from q (q(d) > 0). epsilon > 0 is
+  ASSD's tolerance (more accepted drafts, no longer exact); 0 is exact."""
+  return jnp.minimum(1.0, p_draft / jnp.maximum(q_draft, jnp.finfo(jnp.float32).tiny) + epsilon)
 
 
 def residual_probs(p_BxV: jax.Array, q_BxV: jax.Array) -> jax.Array:
@@ -45,14 +46,15 @@ def residual_probs(p_BxV: jax.Array, q_BxV: jax.Array) -> jax.Array:
   return jnp.where(total > 0, r / jnp.where(total > 0, total, 1.0), p_BxV)
 
 
-def stochastic(rng, draft_BxK, q_BxKxV, p_BxKp1xV):
-  """Exact speculative sampling. q and p are probabilities. Returns (n_accepted, next_token)."""
+def stochastic(rng, draft_BxK, q_BxKxV, p_BxKp1xV, epsilon=0.0):
+  """Exact speculative sampling (epsilon = 0). q and p are probabilities. Returns
+  (n_accepted, next_token)."""
   b, k = draft_BxK.shape
   rng_accept, rng_next = jax.random.split(rng)
   p_d = jnp.take_along_axis(p_BxKp1xV[:, :k], draft_BxK[..., None], -1)[..., 0]  # [B, K]
   q_d = jnp.take_along_axis(q_BxKxV, draft_BxK[..., None], -1)[..., 0]
   u = jax.random.uniform(rng_accept, (b, k))
-  n = _leading_true(u < acceptance_probs(p_d, q_d))
+  n = _leading_true(u < acceptance_probs(p_d, q_d, epsilon))
   rows = jnp.arange(b)
   p_n = p_BxKp1xV[rows, n]  # [B, V]
   q_n = q_BxKxV[rows, jnp.minimum(n, k - 1)]
@@ -61,12 +63,13 @@ def stochastic(rng, draft_BxK, q_BxKxV, p_BxKp1xV):
   return n, next_token
 
 
-def verify(rng, sampler, draft_BxK, q_BxKxV, target_logits_BxKp1xV):
+def verify(rng, sampler, draft_BxK, q_BxKxV, target_logits_BxKp1xV, epsilon=0.0):
   """Dispatch on the sampler: greedy comparison, or exact stochastic acceptance with the
-  sampler-warped target. `q` may be None for greedy samplers."""
+  sampler-warped target (`epsilon`: acceptance tolerance, 0 = exact). `q` may be None for
+  greedy samplers."""
   if sampler.greedy:
     return greedy(draft_BxK, target_logits_BxKp1xV)
-  return stochastic(rng, draft_BxK, q_BxKxV, sampler.probs(target_logits_BxKp1xV))
+  return stochastic(rng, draft_BxK, q_BxKxV, sampler.probs(target_logits_BxKp1xV), epsilon)
 
 
 def point_mass(draft_BxK: jax.Array, vocab_size: int) -> jax.Array:

@@ -218,7 +218,7 @@ def _verify(fwd, dec, state: InfillState) -> InfillState:
 def _ngram_draft(dec, state: InfillState, vocab: int) -> InfillState:
   """Drafts for the next k holes from the decided context's bigrams (Algorithm 2): a hole
   conditions on its left neighbour, the block's previous draft when that is a hole too."""
-  b, n = state.canvas.shape
+  b = state.canvas.shape[0]
   k = dec.k
   known = state.canvas != HOLE
   onehot = jax.nn.one_hot(jnp.where(known, state.canvas, 0), vocab) * known[..., None]
@@ -252,7 +252,6 @@ def _ngram_draft(dec, state: InfillState, vocab: int) -> InfillState:
 def _verify_ngram(fwd, dec, state: InfillState) -> InfillState:
   """One call: the pending token's content, then the k drafts (causal in order), a query per
   draft that sees the drafts before it. Every draft is verified (none is exact)."""
-  b = state.n.shape[0]
   k = dec.k
   active = state.n < state.holes
   k_eff = jnp.minimum(k, state.holes - state.n)

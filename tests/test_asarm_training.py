@@ -1,0 +1,70 @@
+"""AS-ARM training: the masking-rate curriculum and low-discrepancy rates, the prompt subset,
+and the lattice loss (no target can see its own token: i.i.d. noise stays unlearnable while a
+deterministic pattern is learnt)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import micro_model
+from flax import nnx
+
+from paraflax.training import asarm
+
+
+@pytest.mark.fast
+def test_curriculum_and_low_discrepancy_rates():
+  lo, hi = asarm.masking_range(0, (0.15, 0.15), (0.85, 0.99), 100)
+  assert (float(lo), float(hi)) == pytest.approx((0.15, 0.15))
+  lo, hi = asarm.masking_range(50, (0.15, 0.15), (0.85, 0.99), 100)
+  assert (float(lo), float(hi)) == pytest.approx((0.5, 0.57))
+  lo, hi = asarm.masking_range(10_000, (0.15, 0.15), (0.85, 0.99), 100)
+  assert (float(lo), float(hi)) == pytest.approx((0.85, 0.99))
+  rates = np.sort(np.asarray(asarm.low_discrepancy_rates(jax.random.key(0), 8, 0.2, 0.6)))
+  assert rates.min() >= 0.2 and rates.max() < 0.6
+  np.testing.assert_allclose(np.diff(rates), 0.05, atol=1e-6)  # one per stratum
+
+
+@pytest.mark.fast
+def test_prompt_subsets_have_the_drawn_sizes():
+  rates = jnp.array([0.0, 0.25, 0.5, 0.99, 1.0])
+  visible = np.asarray(asarm.lattice_visible(jax.random.key(1), rates, 8))
+  assert visible.sum(1).tolist() == [7, 6, 4, 1, 1]  # at least one target and one prompt token
+
+
+def _train(model, data_fn, steps=150, lr=3e-3):
+  graphdef, params = nnx.split(model)
+  tx = optax.adam(lr)
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(params, opt, batch, rng):
+    def loss_fn(p):
+      return asarm.asarm_loss(nnx.merge(graphdef, p), batch, rng, (0.3, 0.9), (0.3, 0.9), 1)[0]
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, loss
+
+  losses = []
+  for i in range(steps):
+    params, opt, loss = step(params, opt, {"tokens": data_fn(i)}, jax.random.key(i))
+    losses.append(float(loss))
+  return np.mean(losses[-20:])
+
+
+@pytest.mark.slow
+def test_lattice_loss_learns_patterns_but_cannot_read_its_own_token():
+  v, n, b = 16, 16, 32
+  noise = lambda i: jax.random.randint(jax.random.key(100 + i), (b, n), 0, v)
+  ramp = lambda i: (jax.random.randint(jax.random.key(i), (b, 1), 0, v) + jnp.arange(n)) % v
+  model = micro_model(seed=0, vocab_size=v, two_stream=True)
+  assert _train(model, noise) > 0.9 * np.log(v)  # a leak of the own token would reach ~0
+  model = micro_model(seed=0, vocab_size=v, two_stream=True)
+  assert _train(model, ramp) < 0.3 * np.log(v)  # one visible token determines the row
+
+
+@pytest.mark.fast
+def test_needs_a_two_stream_model(model):
+  with pytest.raises(ValueError, match="two-stream"):
+    asarm.asarm_loss(model, {"tokens": jnp.zeros((2, 8), jnp.int32)}, jax.random.key(0))

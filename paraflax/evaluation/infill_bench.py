@@ -139,6 +139,7 @@ class InfillRow:
   entropy_se: float | None = None
   entropy_p: float | None = None
   pass_at_1: float | None = None  # "line"
+  weights: str = "asarm"  # the model the rows ran (the bench's JSON keys quality by weights)
 
 
 def _fill(model, canvases, decoder, batch_size, seed):

@@ -50,6 +50,19 @@ def test_greedy_assd_equals_sequential_any_order_decoding(asarm, draft):
 
 
 @pytest.mark.fast
+def test_bigram_drafter_normalises_over_observed_bigrams_with_a_unigram_fallback():
+  from paraflax.decoding.assd import bigram_probs
+  canvas = jnp.array([[1, 2, 1, 3, 1, HOLE, 2, 2]] * 3)
+  dist = np.asarray(bigram_probs(canvas, jnp.array([1, 4, HOLE]), 5))
+  np.testing.assert_allclose(dist[0], [0, 0, 0.5, 0.5, 0])  # (1,2), (1,3); (1, hole) skipped
+  unigram = np.array([0, 3, 3, 1, 0]) / 7  # 4 starts no bigram / no left neighbour
+  np.testing.assert_allclose(dist[1], unigram)
+  np.testing.assert_allclose(dist[2], unigram)
+  two = np.asarray(bigram_probs(canvas, jnp.array([2, 2, 2]), 5))[0]
+  np.testing.assert_allclose(two, [0, 0.5, 0.5, 0, 0])  # (2,1), (2,2); (2, hole) skipped
+
+
+@pytest.mark.fast
 def test_theorem_1_model_calls_never_exceed_tokens(asarm):
   """Sampled fills of many random hole patterns: calls <= generated tokens on every row, and
   a self-draft iteration (draft + verify call) decides >= 2 tokens."""

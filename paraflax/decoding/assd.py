@@ -215,28 +215,34 @@ def _verify(fwd, dec, state: InfillState) -> InfillState:
       pend=rejected.astype(jnp.int32), calls=state.calls + active)
 
 
+def bigram_probs(canvas_BxN, cond_B, vocab: int):
+  """Algorithm 2's context n-gram c(. | cond) `[B, V]`: the tokens that follow `cond` in the
+  decided bigrams of the canvas, normalised over those bigrams (as the official
+  `context_ngram.py`; Eq. 23's denominator does not normalise); the decided tokens' unigram
+  frequencies where `cond` starts no bigram or is HOLE (no left neighbour)."""
+  b = canvas_BxN.shape[0]
+  rows = jnp.arange(b)[:, None]
+  known = canvas_BxN != HOLE
+  unigram = jnp.zeros((b, vocab)).at[rows, jnp.where(known, canvas_BxN, 0)].add(known)
+  pair = known[:, :-1] & known[:, 1:]
+  hit = pair & (canvas_BxN[:, :-1] == cond_B[:, None]) & (cond_B[:, None] != HOLE)
+  counts = jnp.zeros((b, vocab)).at[rows, jnp.where(pair, canvas_BxN[:, 1:], 0)].add(hit)
+  dist = jnp.where(counts.sum(-1, keepdims=True) > 0, counts, unigram)
+  return dist / dist.sum(-1, keepdims=True)
+
+
 def _ngram_draft(dec, state: InfillState, vocab: int) -> InfillState:
   """Drafts for the next k holes from the decided context's bigrams (Algorithm 2): a hole
   conditions on its left neighbour, the block's previous draft when that is a hole too."""
   b = state.canvas.shape[0]
-  k = dec.k
-  known = state.canvas != HOLE
-  onehot = jax.nn.one_hot(jnp.where(known, state.canvas, 0), vocab) * known[..., None]
-  unigram = onehot.sum(1)  # [B, V]
-  follows = onehot[:, 1:] * known[:, :-1, None]  # [B, N-1, V] right tokens of decided bigrams
-  left = jnp.where(known, state.canvas, HOLE)[:, :-1]  # [B, N-1] their left tokens
-  pos = _take(state.order, state.n[:, None] + jnp.arange(k))  # [B, k]
-  prev_known = _take(jnp.where(known, state.canvas, HOLE), pos - 1)  # [B, k] HOLE if a hole
+  pos = _take(state.order, state.n[:, None] + jnp.arange(dec.k))  # [B, k]
+  left = _take(state.canvas, pos - 1)  # [B, k] HOLE where the left neighbour is a hole
   rng, sub = jax.random.split(state.rng)
 
   def one(prev_draft, xs):
     i, key = xs
-    cond = jnp.where(pos[:, i] == 0, HOLE, jnp.where(prev_known[:, i] == HOLE, prev_draft,
-                                                      prev_known[:, i]))
-    counts = jnp.einsum("bj,bjv->bv", (left == cond[:, None]) & (cond[:, None] != HOLE),
-                        follows)
-    dist = jnp.where(counts.sum(-1, keepdims=True) > 0, counts, unigram)
-    dist = dist / dist.sum(-1, keepdims=True)
+    cond = jnp.where(pos[:, i] == 0, HOLE, jnp.where(left[:, i] == HOLE, prev_draft, left[:, i]))
+    dist = bigram_probs(state.canvas, cond, vocab)
     if dec.sampler.greedy:
       d = jnp.argmax(dist, -1).astype(jnp.int32)
     else:
@@ -244,7 +250,7 @@ def _ngram_draft(dec, state: InfillState, vocab: int) -> InfillState:
     return d, (d, dist)
 
   _, (drafts, q) = jax.lax.scan(one, jnp.full((b,), HOLE, jnp.int32),
-                                (jnp.arange(k), jax.random.split(sub, k)))
+                                (jnp.arange(dec.k), jax.random.split(sub, dec.k)))
   q = None if dec.sampler.greedy else jnp.moveaxis(q, 0, 1)
   return state.replace(drafts=drafts.T, q=q, start=state.n, rng=rng)
 

@@ -138,13 +138,12 @@ def write_json(rows: Sequence[Row], path: str | Path, meta: dict | None = None,
 def plot(rows: Sequence[Row], out_dir: str | Path) -> list[Path]:
   """PNGs: tokens/forward and speedup vs AR per method, and a histogram of tokens emitted
   per decoding step per method."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   names = [f"{r.method}\n({r.weights})" if r.weights != "base" else r.method for r in rows]
-  fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(rows)), 4))
+  fig = Figure(figsize=(max(8, 1.1 * len(rows)), 4))
+  axes = fig.subplots(1, 2)
   for ax, key, label in ((axes[0], "tokens_per_forward", "tokens per forward"),
                          (axes[1], "speedup_vs_ar", "speedup vs AR (tokens/s)")):
     ax.bar(range(len(rows)), [getattr(r, key) for r in rows], color="C0")
@@ -154,8 +153,8 @@ def plot(rows: Sequence[Row], out_dir: str | Path) -> list[Path]:
   fig.tight_layout()
   speed = out_dir / "bench_speed.png"
   fig.savefig(speed, dpi=120)
-  plt.close(fig)
-  fig, ax = plt.subplots(figsize=(7, 4))
+  fig = Figure(figsize=(7, 4))
+  ax = fig.subplots()
   for r in rows:
     counts = np.asarray(r.accepted_histogram, float)
     if counts.sum() and r.method != "ar":
@@ -168,5 +167,4 @@ def plot(rows: Sequence[Row], out_dir: str | Path) -> list[Path]:
   fig.tight_layout()
   hist = out_dir / "bench_accepted.png"
   fig.savefig(hist, dpi=120)
-  plt.close(fig)
   return [speed, hist]

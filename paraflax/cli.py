@@ -211,6 +211,30 @@ def cmd_collect(args):
   print(json.dumps(collect_trajectories(args.workdir, args.out, cfg)))
 
 
+def teacher_data(workdir, out, cfg) -> dict:
+  """`teacher.collect` of a training workdir's model (the AR teacher) on prompts from its
+  training split: the DEER drafters' training data. Returns a summary."""
+  from paraflax.data.pipeline import prepare_stdlib
+  from paraflax.training import load_trained, teacher
+  model, tok, train_cfg = load_trained(workdir)
+  data = prepare_stdlib(train_cfg.data, tokenizer=tok)
+  t0 = time.perf_counter()
+  out = teacher.collect(model, tok, data.train_tokens, out, cfg, source=str(workdir))
+  seconds = time.perf_counter() - t0
+  store = teacher.load(out)
+  return {"out": str(out), "examples": len(store.answers), "answer_len": cfg.answer_len,
+          "prompt_tokens": int(store.prompt_lens.sum()), "answer_tokens": int(store.answers.size),
+          "seconds_this_run": round(seconds, 1)}
+
+
+def cmd_teacher_data(args):
+  from paraflax.training.teacher import TeacherConfig
+  cfg = TeacherConfig(examples=args.examples, answer_len=args.answer_len,
+                      min_prompt_len=args.min_prompt_len, max_prompt_len=args.max_prompt_len,
+                      batch_size=args.batch_size, seed=args.seed)
+  print(json.dumps(teacher_data(args.workdir, args.out, cfg)))
+
+
 def cmd_convert(args):
   from paraflax import hf
   info = hf.convert_hf(args.from_hf, args.out)
@@ -296,6 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
   j.add_argument("--batch-size", type=int, default=64)
   j.add_argument("--seed", type=int, default=0)
   j.set_defaults(fn=cmd_collect)
+
+  td = sub.add_parser("teacher-data", help="store the model's greedy continuations of training "
+                      "prompts (DEER drafter training data; resumable)")
+  td.add_argument("--workdir", required=True, help="the AR teacher: a training workdir")
+  td.add_argument("--out", required=True, help="teacher store directory")
+  td.add_argument("--examples", type=int, default=2048)
+  td.add_argument("--answer-len", type=int, default=128, help="greedy tokens per prompt")
+  td.add_argument("--min-prompt-len", type=int, default=32)
+  td.add_argument("--max-prompt-len", type=int, default=96)
+  td.add_argument("--batch-size", type=int, default=64)
+  td.add_argument("--seed", type=int, default=0)
+  td.set_defaults(fn=cmd_teacher_data)
 
   c = sub.add_parser("convert", help="Hugging Face checkpoint -> paraflax (orbax) directory")
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")

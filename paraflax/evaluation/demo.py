@@ -1,7 +1,9 @@
 """The models `paraflax demo` needs, each made by a repository config (or reused).
 
 A stage is one trained model. Stages that distil another model (Jacobi Forcing rounds) first
-collect that model's trajectories. `ensure` returns a stage's workdir under the cache: reused
+collect that model's trajectories; the DEER drafters (and the small AR drafter they are compared
+with) train on one teacher store of the `teacher` stage's greedy answers (`TEACHER` settings),
+generated once and shared. `ensure` returns a stage's workdir under the cache: reused
 when it holds a checkpoint, copied from the repository's shipped snapshot (`checkpoints/NAME`,
 params only) when there is one, trained otherwise (its dependencies first).
 """
@@ -12,6 +14,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from paraflax.training.teacher import TeacherConfig
 from paraflax.training.trajectories import CollectConfig
 
 
@@ -21,10 +24,18 @@ class Stage:
   config: str  # configs/<config>.py
   init_from: str | None = None  # the stage whose weights this one starts from
   collect: CollectConfig | None = None  # trajectories of `init_from`'s model to train on
+  teacher: str | None = None  # the stage whose greedy answers (`TEACHER`) this one trains on
 
   def __post_init__(self):
     if self.collect is not None and self.init_from is None:
       raise ValueError(f"stage {self.name!r} collects trajectories but has no init_from model")
+    if self.collect is not None and self.teacher is not None:
+      raise ValueError(f"stage {self.name!r} takes one data source: collect or teacher")
+
+
+# The DEER teacher store: the verifier's greedy answers to stdlib prompts (~4 min on 2 cores).
+TEACHER = TeacherConfig(examples=8192, answer_len=128, min_prompt_len=32, max_prompt_len=96,
+                        batch_size=64)
 
 
 STAGES = {s.name: s for s in [
@@ -34,6 +45,9 @@ STAGES = {s.name: s for s in [
     Stage("jacobi_forcing_r2", "jacobi_forcing_r2", init_from="jacobi_forcing_r1",
           collect=CollectConfig(block_size=32, num_blocks=2, examples=2048)),
     Stage("tidar_continual", "tidar_continual", init_from="tiny_ar"),
+    Stage("deer_drafter_stage1", "deer_drafter_stage1", teacher="tiny_ar"),
+    Stage("deer_drafter", "deer_drafter", init_from="deer_drafter_stage1", teacher="tiny_ar"),
+    Stage("ar_drafter", "ar_drafter", teacher="tiny_ar"),
 ]}
 
 JACOBI_FORCING = "jacobi_forcing_r2"  # the distilled model the bench compares
@@ -64,7 +78,22 @@ class Build:
   retrain: bool = False
   ship: bool = False  # copy what was trained to `shipped`
   steps: int | None = None  # override every stage's training steps
-  built: set = dataclasses.field(default_factory=set)
+  built: set = dataclasses.field(default_factory=set)  # stage names, "<teacher>_teacher" stores
+
+
+def teacher_store(teacher: str, b: Build) -> Path:
+  """The store of `teacher`'s greedy answers (`TEACHER`), generated once per build (resumed
+  when a run was cut short; remade by a --retrain build)."""
+  from paraflax.cli import teacher_data
+  store = b.cache / f"{teacher}_teacher"
+  key = f"{teacher}_teacher"
+  if key not in b.built:
+    source = ensure(teacher, b)
+    if b.retrain and store.exists():
+      shutil.rmtree(store)
+    teacher_data(source, store, TEACHER)
+    b.built.add(key)
+  return store
 
 
 def ensure(name: str, b: Build) -> Path:
@@ -92,6 +121,8 @@ def ensure(name: str, b: Build) -> Path:
       shutil.rmtree(store)
     collect_trajectories(source, store, stage.collect)
     overrides["trajectories.path"] = str(store)
+  if stage.teacher is not None:
+    overrides["teacher.path"] = str(teacher_store(stage.teacher, b))
   print(f"[demo] training {name} ({b.configs / (stage.config + '.py')}) in {workdir}")
   train_from_config_path(b.configs / f"{stage.config}.py", workdir, steps=b.steps,
                          overrides=overrides)

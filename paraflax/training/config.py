@@ -17,6 +17,7 @@ from typing import Any
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.sharding import MeshConfig
+from paraflax.training.deer import TeacherData
 from paraflax.training.jacobi_forcing import TrajectoryData
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
@@ -64,7 +65,8 @@ class TrainConfig:
   config stays hashable; values must be JSON-serialisable).
   `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
   continual pretraining). `trajectories` swaps the stdlib rows for packed Jacobi Forcing rows
-  (`jacobi_forcing.TrajectoryData`; then `data` gives only batch_size and seed).
+  (`jacobi_forcing.TrajectoryData`; then `data` gives only batch_size and seed). `teacher`
+  trains on raw prompt + answer rows of a DEER teacher store (`deer.TeacherData`; the same).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
   the rest) shards params, optimizer state and batches over a device mesh (`sharding.py`).
   """
@@ -84,6 +86,7 @@ class TrainConfig:
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) or a mapping -> MeshConfig
   init_from: str | None = None  # a training workdir whose latest params start this run
   trajectories: TrajectoryData | None = None  # train on a Jacobi trajectory store instead
+  teacher: TeacherData | None = None  # train on a DEER teacher store instead
 
   def __post_init__(self):
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
@@ -95,6 +98,10 @@ class TrainConfig:
       raise ValueError(f"TrainConfig.seed must be in [0, 2**31), got {self.seed}")
     if self.trajectories is not None and not isinstance(self.trajectories, TrajectoryData):
       object.__setattr__(self, "trajectories", TrajectoryData(**self.trajectories))
+    if self.teacher is not None and not isinstance(self.teacher, TeacherData):
+      object.__setattr__(self, "teacher", TeacherData(**self.teacher))
+    if self.trajectories is not None and self.teacher is not None:
+      raise ValueError("TrainConfig takes one data source: trajectories or teacher, not both")
     if self.data.seq_len > self.model.max_seq_len:
       raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
                        f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "

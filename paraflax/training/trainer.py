@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from tqdm.auto import tqdm
@@ -43,7 +44,7 @@ from paraflax.training import optim
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, config_differences, load_config
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
-from paraflax.training.objectives import get_objective
+from paraflax.training.objectives import OBJECTIVES, get_objective
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -202,7 +203,9 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   lr = optim.schedule(cfg.optim, cfg.schedule_steps)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = init_opt_state(tx, params, mesh)
-  val = [place(b) for b in val[:cfg.eval_batches]]
+  with_step = ((lambda b, s: {**b, "step": np.full(len(b["tokens"]), s, np.int32)})
+               if getattr(OBJECTIVES[cfg.objective], "needs_step", False) else (lambda b, s: b))
+  val = [place(with_step(b, cfg.steps)) for b in val[:cfg.eval_batches]]  # end of curricula
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
   start = ckpt.latest_step() or 0
@@ -230,7 +233,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
       summary["val_loss"] = validate(0)
     compiled, meter = None, _Meter()
     for step in range(start, target):
-      batch = next(it)
+      batch = with_step(next(it), step)
       rng = place_key(jax.random.fold_in(train_key, step))
       device_batch = place(batch)
       if compiled is None:  # compile ahead so throughput and the ETA exclude it
@@ -269,34 +272,46 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
 
 
 def _data(cfg: TrainConfig, progress: bool):
-  """(train iterator, validation batches, tokenizer): stdlib rows, or packed Jacobi Forcing
-  rows of a trajectory store (tokenizer: the one the trajectories were decoded with)."""
+  """(train iterator, validation batches, tokenizer): stdlib rows, packed Jacobi Forcing rows
+  of a trajectory store, or raw prompt + answer rows of a DEER teacher store (tokenizer of a
+  store: the one its model used)."""
   if cfg.trajectories is not None:
-    from paraflax.training import jacobi_forcing, trajectories
+    from paraflax.training import jacobi_forcing
     it, val, meta = jacobi_forcing.datasets(cfg.trajectories, cfg.data.batch_size, cfg.data.seed)
-    top = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"]
-    if top > cfg.model.max_seq_len:
-      raise ValueError(f"trajectory rows reach position {top}, above the model's max_seq_len "
-                       f"{cfg.model.max_seq_len}")
-    tokenizer = Tokenizer.load(Path(cfg.trajectories.path).expanduser() / trajectories.TOKENIZER)
-    return it, val, tokenizer
-  data = prepare_stdlib(dataclasses.replace(cfg.data, progress=cfg.data.progress and progress))
-  return (train_iterator(data.train_tokens, cfg.data),
-          validation_batches(data.val_tokens, cfg.data), data.tokenizer)
+    top, path = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"], \
+        cfg.trajectories.path
+  elif cfg.teacher is not None:
+    from paraflax.training import deer
+    it, val, meta = deer.datasets(cfg.teacher, cfg.data.batch_size, cfg.data.seed)
+    top, path = deer.row_length(meta), cfg.teacher.path
+  else:
+    data = prepare_stdlib(dataclasses.replace(cfg.data, progress=cfg.data.progress and progress))
+    return (train_iterator(data.train_tokens, cfg.data),
+            validation_batches(data.val_tokens, cfg.data), data.tokenizer)
+  if top > cfg.model.max_seq_len:
+    kind = "trajectory" if cfg.trajectories is not None else "teacher"
+    raise ValueError(f"{kind} rows reach position {top}, above the model's max_seq_len "
+                     f"{cfg.model.max_seq_len}")
+  return it, val, Tokenizer.load(Path(path).expanduser() / TOKENIZER)  # the store's model's
 
 
 def _initial_params(cfg: TrainConfig, mesh):
-  """(graphdef, params) of `cfg.model` holding `cfg.init_from`'s latest weights: any run
-  whose parameters have the same shapes (a diffusion model may add a mask token id)."""
+  """(graphdef, params) of `cfg.model` holding `cfg.init_from`'s latest weights: any run whose
+  parameters have the same shapes (a diffusion model may add a mask token id). Parameters the
+  source lacks (an AS-ARM's query-stream vector) keep their fresh initialisation."""
   source, _, _ = load_trained(cfg.init_from, mesh=mesh)
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))),
-                               nnx.Param)
-  loaded = nnx.split(source, nnx.Param)[1]
-  shapes = lambda t: (jax.tree.structure(t), [(x.shape, x.dtype) for x in jax.tree.leaves(t)])
-  if shapes(params) != shapes(loaded):
+  graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  loaded = dict(nnx.to_flat_state(nnx.split(source, nnx.Param)[1]))
+  fresh = dict(nnx.to_flat_state(params))
+  extra = sorted(set(loaded) - set(fresh))
+  clash = [k for k in loaded.keys() & fresh.keys()
+           if (loaded[k].shape, loaded[k].dtype) != (fresh[k].shape, fresh[k].dtype)]
+  if extra or clash:
     raise ValueError(f"init_from={cfg.init_from!r} holds parameters of other shapes than "
-                     f"model config {cfg.model}")
-  return graphdef, loaded
+                     f"model config {cfg.model} (unknown: {extra[:3]}, other shapes: "
+                     f"{sorted(clash)[:3]})")
+  merged = nnx.from_flat_state({k: loaded.get(k, v) for k, v in fresh.items()})
+  return graphdef, merged
 
 
 class _NoLog:

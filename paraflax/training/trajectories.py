@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorstore as ts
-from tqdm.auto import tqdm
 
 from paraflax import masks
 from paraflax.cache import commit
 from paraflax.decoding.state import Forward, prefill
-from paraflax.training.trainer import write_json
+from paraflax.training import store
+from paraflax.training.store import META, PROGRESS, TOKENIZER, training_prompts  # noqa: F401
 
-META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 ARRAYS = ("prompts", "prompt_lens", "trajectories", "iterations")
 
 
@@ -106,28 +103,6 @@ class CollectConfig:
                        f"{self.min_prompt_len}, {self.max_prompt_len}")
 
 
-def training_prompts(tokens: np.ndarray, cfg: CollectConfig) -> tuple[np.ndarray, np.ndarray]:
-  """`cfg.examples` random windows of a token stream: (prompts [N, P] right-padded, lengths)."""
-  rng = np.random.default_rng(cfg.seed)
-  need = cfg.max_prompt_len + 1
-  if len(tokens) < need:
-    raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than one prompt")
-  lens = rng.integers(cfg.min_prompt_len, cfg.max_prompt_len + 1, cfg.examples)
-  starts = rng.integers(0, len(tokens) - need, cfg.examples)
-  prompts = np.zeros((cfg.examples, cfg.max_prompt_len), np.int32)
-  for i, (s, n) in enumerate(zip(starts, lens)):
-    prompts[i, :n] = tokens[s:s + n]
-  return prompts, lens.astype(np.int32)
-
-
-def _open(path: Path, name: str, shape, chunk, create: bool):
-  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)}}
-  if create:
-    spec["metadata"] = {"shape": list(shape), "chunks": list(chunk), "dtype": "<i4"}
-    return ts.open(spec, create=True, delete_existing=True).result()
-  return ts.open(spec, open=True).result()
-
-
 def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: CollectConfig, *,
             source: str = "", progress: bool = True) -> Path:
   """Decode `cfg.examples` prompts drawn from `tokens` with fixed-span Jacobi and store every
@@ -140,49 +115,25 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
                      f"{model.cfg.max_seq_len}")
   meta = {**dataclasses.asdict(cfg), "source": str(source),
           "tokenizer": tokenizer.fingerprint()}
-  total = -(-cfg.examples // bs)
-  done = 0
-  if (out / META).is_file() and (out / PROGRESS).is_file():
-    old = json.loads((out / META).read_text())
-    if old != meta:
-      diff = sorted(k for k in meta if old.get(k) != meta[k])
-      raise ValueError(f"{str(out)!r} holds trajectories collected with other settings "
-                       f"({', '.join(diff)}); use a fresh directory")
-    done = json.loads((out / PROGRESS).read_text())["batches"]
   shapes = {"prompts": ((cfg.examples, cfg.max_prompt_len), (bs, cfg.max_prompt_len)),
             "prompt_lens": ((cfg.examples,), (bs,)),
             "trajectories": ((cfg.examples, nb, n + 1, n), (bs, nb, n + 1, n)),
             "iterations": ((cfg.examples, nb), (bs, nb))}
-  if done == 0:
-    out.mkdir(parents=True, exist_ok=True)
-    arrays = {k: _open(out, k, *shapes[k], create=True) for k in ARRAYS}
-    write_json(out / META, meta)
-    tokenizer.save(out / TOKENIZER)
-    write_json(out / PROGRESS, {"batches": 0})
-  else:
-    arrays = {k: _open(out, k, *shapes[k], create=False) for k in ARRAYS}
+  arrays, done = store.open_store(out, meta, shapes, tokenizer, what="trajectory store")
   prompts, lens = training_prompts(tokens, cfg)
   fwd = Forward.of(model)
   key = jax.random.key(cfg.seed)
-  bar = tqdm(total=total, initial=done, desc=f"trajectories n={n}", unit="batch",
-             disable=not progress, dynamic_ncols=True)
-  for i in range(done, total):
-    lo, hi = i * bs, min((i + 1) * bs, cfg.examples)
-    pb = np.concatenate([prompts[lo:hi], np.repeat(prompts[hi - 1:hi], bs - (hi - lo), 0)])
-    lb = np.concatenate([lens[lo:hi], np.repeat(lens[hi - 1:hi], bs - (hi - lo))])
+
+  def make(i, lo, hi):
+    pb, lb = (store.padded_batch(a, lo, hi, bs) for a in (prompts, lens))
     traj, iters = jax.device_get(jacobi_trajectories(
         fwd, jnp.asarray(pb), jnp.asarray(lb), jax.random.fold_in(key, i), block_size=n,
         num_blocks=nb))
-    writes = [arrays["prompts"][lo:hi].write(prompts[lo:hi]),
-              arrays["prompt_lens"][lo:hi].write(lens[lo:hi]),
-              arrays["trajectories"][lo:hi].write(traj[:hi - lo]),
-              arrays["iterations"][lo:hi].write(iters[:hi - lo])]
-    for w in writes:
-      w.result()
-    write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
-    bar.update(1)
-    bar.set_postfix(iters_per_block=f"{iters[:hi - lo].mean():.1f}/{n}")
-  bar.close()
+    return {"prompts": prompts[lo:hi], "prompt_lens": lens[lo:hi],
+            "trajectories": traj[:hi - lo], "iterations": iters[:hi - lo]}
+
+  store.fill(out, arrays, meta, done, make, desc=f"trajectories n={n}", progress=progress,
+             postfix=lambda r: {"iters_per_block": f"{r['iterations'].mean():.1f}/{n}"})
   return out
 
 
@@ -202,15 +153,6 @@ class Trajectories:
 
 def load(path: str | os.PathLike) -> Trajectories:
   """Read a store; refuses one whose collection has not finished."""
-  path = Path(path).expanduser()
-  if not (path / META).is_file():
-    raise FileNotFoundError(f"no trajectory store at {str(path)!r} (make one with "
-                            "`paraflax collect-trajectories`)")
-  meta = json.loads((path / META).read_text())
-  total = -(-meta["examples"] // meta["batch_size"])
-  done = json.loads((path / PROGRESS).read_text())["batches"]
-  if done < total:
-    raise ValueError(f"trajectory store {str(path)!r} is incomplete ({done}/{total} batches): "
-                     "rerun `paraflax collect-trajectories` with the same settings to finish it")
-  arrays = {k: _open(path, k, None, None, create=False).read().result() for k in ARRAYS}
-  return Trajectories(meta=meta, **{k: np.asarray(v) for k, v in arrays.items()})
+  meta, arrays = store.read_store(path, ARRAYS, what="trajectory store",
+                                  command="collect-trajectories")
+  return Trajectories(meta=meta, **arrays)

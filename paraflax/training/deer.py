@@ -1,0 +1,272 @@
+"""DEER drafter training: Stage I (continuation distillation) and Stage II (prefix-conditioned
+refinement) on AR teacher rows (`teacher.py`), and the layout that ties the drafter to the
+decoder.
+
+The drafter's layout (the contract with `decoding/speculative.py`). A prefix x_0..x_{c-1} sits
+at positions 0..c-1, causal among itself (it never sees what follows); then a block
+[SEP, y_1, ..., y_m]: SEP at position c, y_i at position c+i. The block sees the whole prefix
+and itself bidirectionally (`masks.tidar` with kinds CLEAN for the prefix, MASKED for the
+block, block ids 0 / 1, `valid` for padding). The logits at y_i predict x_{c+i-1}, the i-th
+token after the prefix (unshifted, like TiDAR's slots); SEP's logits are not used.
+
+    prefix                 block
+    x_0 .. x_{c-1}   |   SEP   y_1      y_2      ..  y_k
+    pos 0 .. c-1     |   c     c+1      c+2      ..  c+k
+                     |         ->x_c    ->x_{c+1}    ->x_{c+k-1}
+
+At decoding the drafter's KV cache holds the prefix and one forward feeds [SEP, <mask> x k] at
+positions c..c+k (`draft_chunk`, `draft_mask`); the k block logits are the draft
+distributions q_1..q_k.
+
+Training rows are built in jax inside the objectives from the per-step key, so the data stays
+raw teacher rows: batches `{"tokens": [B, W] prompt + answer right-padded, "prompt_lens": [B],
+"lengths": [B] = prompt_len + answer_len}` (`datasets`). Stage I cuts a row after
+c = prompt_len + cut tokens and inserts SEP there by a gather (`layout`, `[B, W+1]`); Stage II
+appends N blocks [SEP, <mask> x R] after the row's clean tokens, each seeing only the clean
+tokens before its own cut (`stage2_rows`): N decoding situations for one forward. Only answer
+tokens are ever targets, for the DEER objectives and for the AR-drafter baseline ("ar" on the
+same rows counts the answer tokens only): both drafters get the same supervision, the
+teacher's continuations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from paraflax import masks
+from paraflax.masks import CLEAN, MASKED
+from paraflax.training.objectives import register_objective
+
+
+def _check_ids(model, objective: str) -> tuple[int, int]:
+  cfg = model.cfg
+  if cfg.mask_token_id is None or cfg.sep_token_id is None:
+    raise ValueError(f"the {objective!r} objective needs a drafter config with "
+                     f"ModelConfig.mask_token_id and sep_token_id (the <mask> and <sep> ids: "
+                     f"2 and 3 for paraflax tokenizers); got mask_token_id="
+                     f"{cfg.mask_token_id}, sep_token_id={cfg.sep_token_id}")
+  return cfg.mask_token_id, cfg.sep_token_id
+
+
+def _check_batch(batch, objective: str) -> None:
+  missing = {"tokens", "prompt_lens", "lengths"} - set(batch)
+  if missing:
+    raise ValueError(f"the {objective!r} objective trains on teacher rows (TrainConfig.teacher); "
+                     f"the batch lacks {sorted(missing)}")
+
+
+def layout(tokens_BxW: jax.Array, lengths_B: jax.Array, prefix_B: jax.Array, sep_id: int):
+  """The drafter layout of rows cut after `prefix` tokens, SEP inserted: a dict of `[B, W+1]`
+  arrays. tokens (slot y_i holds its own target x_{c+i-1}, to be masked by the caller),
+  positions, kinds, blocks, valid (real tokens, SEP included), targets (x_{c+i-1} at y_i) and
+  offset (j - c: < 0 in the prefix, 0 at SEP, i at y_i)."""
+  b, w = tokens_BxW.shape
+  j = jnp.arange(w + 1, dtype=jnp.int32)[None, :]
+  offset = j - prefix_B[:, None]
+  src = jnp.where(offset < 0, j, jnp.maximum(j - 1, 0))  # y_i (j = c+i) reads x_{c+i-1}
+  source = jnp.take_along_axis(tokens_BxW, src, 1)
+  block = offset >= 0
+  return {"tokens": jnp.where(offset == 0, sep_id, source).astype(jnp.int32),
+          "positions": jnp.broadcast_to(j, (b, w + 1)),
+          "kinds": jnp.where(block, MASKED, CLEAN).astype(jnp.int32),
+          "blocks": block.astype(jnp.int32),
+          "valid": j < lengths_B[:, None] + 1,
+          "targets": source.astype(jnp.int32), "offset": offset}
+
+
+def forward(model, rows) -> jax.Array:
+  """Logits `[B, W+1, V]` of built rows under the drafter mask."""
+  mask = masks.tidar(rows["kinds"], rows["blocks"], rows["valid"])
+  return model(rows["tokens"], rows["positions"], mask)[0]
+
+
+def block_loss(logits, rows, weights_BxT, counted_BxT):
+  """(sum of weighted token cross entropy / B, metrics): accuracy over `counted` slots and at
+  y_1 (the first draft, the one every verification starts with)."""
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, rows["targets"])
+  hit = (jnp.argmax(logits, -1) == rows["targets"]).astype(jnp.float32)
+  counted = counted_BxT.astype(jnp.float32)
+  first = counted * (rows["offset"] == 1)
+  acc = (hit * counted).sum() / jnp.maximum(counted.sum(), 1.0)
+  first_acc = (hit * first).sum() / jnp.maximum(first.sum(), 1.0)
+  loss = (nll * weights_BxT).sum() / logits.shape[0]
+  return loss, {"accuracy": acc, "first_accuracy": first_acc}
+
+
+# ---- Stage I ----
+
+def stage1_draws(rng, prompt_lens_B, lengths_B, width: int, eps: float):
+  """(prefix [B], t [B], masked [B, W+1]): a cut uniform in 0..A-1 (at least one answer token
+  after the prefix), a rate t = eps + (1 - eps) u, u ~ U(0, 1) (LLaDA's floor keeps 1/t
+  finite), and each suffix slot masked with probability t; the slot with the smallest draw is
+  always masked so every row has a target."""
+  k_cut, k_t, k_r = jax.random.split(rng, 3)
+  b = prompt_lens_B.shape[0]
+  cut = jax.random.randint(k_cut, (b,), 0, lengths_B - prompt_lens_B)
+  prefix = prompt_lens_B + cut
+  t = eps + (1.0 - eps) * jax.random.uniform(k_t, (b,))
+  j = jnp.arange(width + 1)[None, :]
+  suffix = (j > prefix[:, None]) & (j <= lengths_B[:, None])
+  r = jnp.where(suffix, jax.random.uniform(k_r, (b, width + 1)), 2.0)
+  masked = suffix & ((r < t[:, None]) | (r == r.min(-1, keepdims=True)))
+  return prefix, t, masked
+
+
+def stage1_rows(batch, prefix_B, t_B, masked_BxT, mask_id: int, sep_id: int):
+  """Built Stage I rows: masked slots hold <mask>, the other suffix slots keep their token
+  (visible, bidirectional in the block). `weights` = masked / (t * m), m = the row's suffix
+  length: LLaDA's estimator normalised as LLaDA's SFT loss (per row, divided by the number of
+  tokens that could be masked), so a row's weighted sum estimates its mean token loss."""
+  rows = layout(batch["tokens"], batch["lengths"], prefix_B, sep_id)
+  rows["tokens"] = jnp.where(masked_BxT, mask_id, rows["tokens"])
+  m = (batch["lengths"] - prefix_B).astype(jnp.float32)
+  rows["weights"] = masked_BxT / (t_B * m)[:, None]
+  return rows
+
+
+@register_objective("deer_stage1")
+def deer_stage1_loss(model, batch, rng, eps: float = 1e-3):
+  """Stage I: truncate each teacher row inside its answer, insert SEP, mask the rest of the
+  answer at a per-row rate t and reconstruct the masked tokens (masked-diffusion CE, 1/t)."""
+  mask_id, sep_id = _check_ids(model, "deer_stage1")
+  _check_batch(batch, "deer_stage1")
+  prefix, t, masked = stage1_draws(rng, batch["prompt_lens"], batch["lengths"],
+                                   batch["tokens"].shape[1], eps)
+  rows = stage1_rows(batch, prefix, t, masked, mask_id, sep_id)
+  return block_loss(forward(model, rows), rows, rows["weights"], masked)
+
+
+# ---- Stage II ----
+
+def stage2_draws(rng, prompt_lens_B, lengths_B, max_masked: int, blocks: int = 1):
+  """(prefix [B, N], R [B, N]) for N = `blocks` drafting situations per row: R uniform in
+  1..min(max_masked, A), then a cut uniform in 0..A-R (so R answer tokens follow the prefix)."""
+  k_r, k_cut = jax.random.split(rng)
+  answer = (lengths_B - prompt_lens_B)[:, None]
+  shape = (answer.shape[0], blocks)
+  r = jax.random.randint(k_r, shape, 1, jnp.minimum(max_masked, answer) + 1)
+  cut = jax.random.randint(k_cut, shape, 0, answer - r + 1)
+  return prompt_lens_B[:, None] + cut, r
+
+
+def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id: int,
+                alpha: float):
+  """Built Stage II rows `[B, W + N (max_masked + 1)]`: the row's clean tokens (causal,
+  positions 0..W-1), then N blocks [SEP, <mask> x R_b] (padded to max_masked + 1 slots with
+  invalid ones) at positions c_b..c_b+R_b. Block b sees the clean tokens before its cut c_b
+  and itself only, nothing after its R_b masks: each block is exactly a decoding step with
+  k = R_b after a cached prefix of c_b tokens, and N of them share one forward (block ids:
+  blocks sorted by cut get 1..N, clean token j gets the number of cuts <= j, so `masks.tidar`
+  lets block b see clean token j iff j < c_b).
+
+  `weights` at y_i of block b: alpha^(R_b - i), normalised over the block's R_b slots (largest
+  next to the prefix) and divided by N: each drafting situation weighs the same.
+  """
+  tokens_BxW = batch["tokens"]
+  b, w = tokens_BxW.shape
+  n, s = prefix_BxN.shape[1], max_masked + 1
+  order = jnp.argsort(prefix_BxN, axis=1)
+  prefix = jnp.take_along_axis(prefix_BxN, order, 1)  # [B, N] ascending
+  r = jnp.take_along_axis(r_BxN, order, 1)[..., None]  # [B, N, 1]
+  j = jnp.arange(w, dtype=jnp.int32)
+  slot = jnp.arange(s, dtype=jnp.int32)[None, None, :]  # [1, 1, S]: 0 is SEP, i is y_i
+  pos = prefix[..., None] + slot  # [B, N, S]
+  targets = jnp.take_along_axis(tokens_BxW, jnp.clip(pos - 1, 0, w - 1).reshape(b, n * s), 1)
+  masked = (slot >= 1) & (slot <= r)
+  weights = jnp.where(masked, jnp.float32(alpha) ** (r - slot).astype(jnp.float32), 0.0)
+  weights = weights / (weights.sum(-1, keepdims=True) * n)
+  flat = lambda x: jnp.broadcast_to(x, (b, n, s)).reshape(b, n * s)
+  cat = lambda clean, blk: jnp.concatenate([clean, flat(blk)], 1)
+  clean_ids = (prefix[:, None, :] <= j[None, :, None]).sum(-1)  # [B, W]
+  return {"tokens": cat(tokens_BxW, jnp.where(slot == 0, sep_id, mask_id)),
+          "positions": cat(jnp.broadcast_to(j, (b, w)), pos),
+          "kinds": cat(jnp.full((b, w), CLEAN), jnp.full((1, 1, s), MASKED)),
+          "blocks": cat(clean_ids, 1 + jnp.arange(n)[None, :, None]),
+          "valid": cat(j[None, :] < batch["lengths"][:, None], slot <= r),
+          "targets": cat(tokens_BxW, targets.reshape(b, n, s)),
+          "offset": cat(jnp.full((b, w), -1), slot),
+          "weights": cat(jnp.zeros((b, w)), weights), "masked": cat(jnp.zeros((b, w), bool), masked)}
+
+
+@register_objective("deer_stage2")
+def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.01,
+                     blocks: int = 1):
+  """Stage II: mask only the R ~ U(1, max_masked) answer tokens right after the prefix, see
+  nothing after them, weight y_i by alpha^(R-i), normalised per block. `blocks` drafting
+  situations (independent cuts) per row share one forward over the row's clean tokens."""
+  mask_id, sep_id = _check_ids(model, "deer_stage2")
+  _check_batch(batch, "deer_stage2")
+  if max_masked < 1 or blocks < 1:
+    raise ValueError(f"deer_stage2 needs max_masked >= 1 and blocks >= 1, got {max_masked}, "
+                     f"{blocks}")
+  prefix, r = stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)
+  rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha)
+  return block_loss(forward(model, rows), rows, rows["weights"], rows["masked"])
+
+
+# ---- decoding side of the layout ----
+
+def draft_chunk(prefix_B: jax.Array, k: int, mask_id: int, sep_id: int):
+  """(tokens [B, k+1] = [SEP, <mask> x k], positions [B, k+1] = c..c+k) of one drafting
+  forward after a cached prefix of c tokens."""
+  b = prefix_B.shape[0]
+  tokens = jnp.broadcast_to(jnp.array([sep_id] + [mask_id] * k, jnp.int32), (b, k + 1))
+  return tokens, prefix_B[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+
+
+def draft_mask(cache_lengths_B: jax.Array, slots: int, k: int) -> jax.Array:
+  """`[B, k+1, S+k+1]`: the block [SEP, <mask> x k] sees the cached prefix and itself."""
+  b = cache_lengths_B.shape[0]
+  block = masks.tidar(jnp.full((b, k + 1), MASKED), jnp.ones((b, k + 1), jnp.int32))
+  return masks.over_cache(cache_lengths_B, slots, block)
+
+
+# ---- data ----
+
+@dataclasses.dataclass(frozen=True)
+class TeacherData:
+  """Training data made of a teacher store (`paraflax teacher-data`): raw prompt + answer rows
+  (the objective builds its layout). The last `val_fraction` of the examples are held out."""
+  path: str
+  val_fraction: float = 0.05
+
+  def __post_init__(self):
+    if not 0.0 < self.val_fraction < 1.0:
+      raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+def row_length(meta: dict) -> int:
+  """Longest position + 1 a teacher row reaches in training: prompt + <sep> + answer."""
+  return meta["max_prompt_len"] + meta["answer_len"] + 1
+
+
+def datasets(cfg: TeacherData, batch_size: int, seed: int):
+  """(train iterator (checkpointable, infinite, shuffled), validation batches, meta) of a
+  teacher store. Batches: tokens [B, P+A], prompt_lens [B], lengths [B]."""
+  import grain
+
+  from paraflax.training import teacher
+  data = teacher.load(cfg.path)
+  tokens, lengths = data.rows()
+  total = len(tokens)
+  n_val = max(1, round(total * cfg.val_fraction))
+  if total - n_val < batch_size or n_val < batch_size:
+    raise ValueError(f"teacher store {cfg.path!r} has {total} examples: too few for a batch of "
+                     f"{batch_size} in both splits (val_fraction={cfg.val_fraction})")
+
+  def row(i):
+    i = int(i)
+    return {"tokens": tokens[i], "prompt_lens": data.prompt_lens[i], "lengths": lengths[i]}
+
+  train = (grain.MapDataset.range(total - n_val).shuffle(seed=seed).repeat(None).map(row)
+           .batch(batch_size, drop_remainder=True))
+  it = iter(train.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  val = [{"tokens": tokens[j:j + batch_size], "prompt_lens": data.prompt_lens[j:j + batch_size],
+          "lengths": lengths[j:j + batch_size]}
+         for j in range(total - n_val, total - batch_size + 1, batch_size)]
+  return it, val, data.meta
+

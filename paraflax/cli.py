@@ -77,13 +77,15 @@ def humaneval_prompts(encode, n: int, max_tokens: int) -> list[list[int]]:
   return [encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
 
 
-def bench_methods(others=None):
+def bench_methods(others=None, drafters=None):
   """Every method the bench runs after the AR baseline. `others` maps a weights name to a
   model of the base's architecture and tokenizer: "jf" (Jacobi Forcing, distilled from the
-  base) adds its rows, "tidar" (TiDAR, trained on from the base) adds TiDAR rows."""
+  base) adds its rows, "tidar" (TiDAR, trained on from the base) adds TiDAR rows. `drafters`
+  maps "deer" (a DEER block-diffusion drafter) and "ar_drafter" (a small AR drafter) to draft
+  models for the base: speculative rows at k = 4, 8, 16."""
   from paraflax import decoders
   from paraflax.evaluation.bench import Method
-  others = others or {}
+  others, drafters = others or {}, drafters or {}
   methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
              Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
   if "jf" in others:
@@ -95,6 +97,10 @@ def bench_methods(others=None):
   if "tidar" in others:
     methods += [Method(f"tidar_k{k}", decoders.TiDAR(block_size=k, beta=1.0), f"block {k} beta 1",
                        model=others["tidar"], weights="tidar") for k in (4, 8, 16)]
+  for name, kind, key in (("deer", "diffusion", "deer"), ("spec_ar", "ar", "ar_drafter")):
+    if key in drafters:
+      methods += [Method(f"{name}_k{k}", decoders.Speculative(k, drafter=kind), f"block {k}",
+                         draft_model=drafters[key]) for k in (4, 8, 16)]
   return methods
 
 
@@ -112,26 +118,57 @@ def humaneval_pass_at_1(model, tok, prompts, args) -> float:
 
 
 OTHER_WEIGHTS = {"jf": "jf_workdir", "tidar": "tidar_workdir"}  # weights name -> bench flag
+DRAFTERS = {"deer": "deer_workdir", "ar_drafter": "ar_drafter_workdir"}  # drafter -> flag
+
+
+def _load_related(args, flag, tok, same_vocab):
+  """A model trained with the base's tokenizer (a clear error otherwise)."""
+  from paraflax.training import load_trained
+  other, other_tok, _ = load_trained(getattr(args, flag))
+  if other_tok.fingerprint() != tok.fingerprint() or other.cfg.vocab_size != same_vocab:
+    raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} was not trained "
+                     "with the base model's tokenizer and vocabulary")
+  return other
+
+
+def infill_bench(asarm, judge, tok, args) -> list:
+  """Sequential vs ASSD (self, n-gram; k = 5) of the AS-ARM on 95%-masked held-out stdlib
+  windows (sampled, gen-PPL under `judge` and entropy) and on HumanEval single-line infilling
+  (greedy, pass@1)."""
+  import numpy as np
+  from paraflax import sampling
+  from paraflax.data import load_humaneval
+  from paraflax.decoders import ASSD, AnyOrder
+  from paraflax.evaluation import infill_bench as ib
+  from paraflax.evaluation.quality import heldout_batches
+  windows = np.concatenate([b["tokens"] for b in heldout_batches(tok, batches=2)])
+  windows = windows[:args.infill_windows, :args.infill_length]
+  sampled = sampling.Temperature(1.0)
+  rows = ib.run_infill_bench(
+      asarm, [("any_order", "T=1", AnyOrder(sampled)),
+              ("assd_self", "k=5 T=1", ASSD(5, sampler=sampled)),
+              ("assd_ngram", "k=5 T=1", ASSD(5, draft="ngram", sampler=sampled))],
+      "generate", ib.masked_windows(windows, 0.95), judge=judge, batch_size=args.batch_size)
+  tasks = ib.single_line_tasks(tok.encode, load_humaneval()[:args.prompts],
+                               min(256, asarm.cfg.max_seq_len), tok.eos_id)
+  rows += ib.run_infill_bench(
+      asarm, [("any_order", "greedy", AnyOrder()), ("assd_self", "k=5 greedy", ASSD(5)),
+              ("assd_ngram", "k=5 greedy", ASSD(5, draft="ngram"))],
+      "line", np.stack([t.canvas for t in tasks]), line_tasks=tasks, decode=tok.decode,
+      batch_size=args.batch_size)
+  return rows
 
 
 def cmd_bench(args):
   from paraflax.evaluation import bench
   from paraflax.evaluation.quality import heldout_batches, heldout_loss, heldout_metrics
-  from paraflax.training import load_trained
   model, tok, encode = load_model(args)
-  others = {}
-  for name, flag in OTHER_WEIGHTS.items():
-    if getattr(args, flag, None):
-      other, other_tok, _ = load_trained(getattr(args, flag))
-      same = (other_tok.fingerprint() == tok.fingerprint()
-              and other.cfg.vocab_size == model.cfg.vocab_size)
-      if not same:
-        raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} was not trained "
-                         "from the base model (different tokenizer or vocabulary)")
-      others[name] = other
+  loaded = lambda flags: {name: _load_related(args, flag, tok, model.cfg.vocab_size)
+                          for name, flag in flags.items() if getattr(args, flag, None)}
+  others, drafters = loaded(OTHER_WEIGHTS), loaded(DRAFTERS)
   max_prompt = min(args.max_prompt_tokens, model.cfg.max_seq_len - args.max_new_tokens)
   prompts = humaneval_prompts(encode, args.prompts, max_prompt)
-  rows = bench.run_bench(model, prompts, bench_methods(others),
+  rows = bench.run_bench(model, prompts, bench_methods(others, drafters),
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          eos_id=tok.eos_id)
   print(bench.format_table(rows))
@@ -152,8 +189,16 @@ def cmd_bench(args):
         f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items())
         + ("" if "tidar" not in quality else
            f"; tidar diffusion mode (block 8) {quality['tidar']['heldout_diffusion_loss']:.3f}"))
+  infill_rows = []
+  if getattr(args, "asarm_workdir", None):
+    from paraflax.evaluation.infill_bench import format_infill_table
+    asarm = _load_related(args, "asarm_workdir", tok, model.cfg.vocab_size)
+    infill_rows = infill_bench(asarm, model, tok, args)
+    print("\nAS-ARM any-subset decoding (judge for gen-PPL: the base model; speedup vs "
+          "the AS-ARM's sequential sampler):")
+    print(format_infill_table(infill_rows))
   if args.json:
-    path = bench.write_json(rows, args.json, by_weights=quality)
+    path = bench.write_json(list(rows) + infill_rows, args.json, by_weights=quality)
     print(f"wrote {path}")
     for png in bench.plot(rows, path.parent):
       print(f"wrote {png}")
@@ -177,6 +222,9 @@ def cmd_demo(args):
   args.workdir = str(demo.ensure("tiny_ar", build))
   args.jf_workdir = args.jf_workdir or str(demo.ensure(demo.JACOBI_FORCING, build))
   args.tidar_workdir = args.tidar_workdir or str(demo.ensure("tidar_continual", build))
+  args.deer_workdir = args.deer_workdir or str(demo.ensure("deer_drafter", build))
+  args.ar_drafter_workdir = args.ar_drafter_workdir or str(demo.ensure("ar_drafter", build))
+  args.asarm_workdir = args.asarm_workdir or str(demo.ensure("asarm", build))
   import jax
   from paraflax.decoding.generate import generate
   model, tok, _ = load_model(args)
@@ -292,6 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Jacobi Forcing model distilled from the base (adds its rows)")
     q.add_argument("--tidar-workdir", default=None,
                    help="a TiDAR model trained on from the base (adds TiDAR rows)")
+    q.add_argument("--deer-workdir", default=None,
+                   help="a DEER diffusion drafter for the base (adds deer_k4/8/16 rows)")
+    q.add_argument("--ar-drafter-workdir", default=None,
+                   help="a small AR drafter for the base (adds spec_ar_k4/8/16 rows)")
+    q.add_argument("--asarm-workdir", default=None,
+                   help="an AS-ARM with the base's tokenizer (adds the any-subset table)")
+    q.add_argument("--infill-windows", type=int, default=16,
+                   help="held-out windows for the AS-ARM's 95%%-masking generation task")
+    q.add_argument("--infill-length", type=int, default=128, help="tokens per such window")
 
   b = sub.add_parser("bench", help="every method side by side on HumanEval prompts")
   model_flags(b)

@@ -102,3 +102,38 @@ def test_tidar_continued_from_the_ar_run_benches_exactly(workdir, tmp_path):
     row = rows[f"tidar_k{k}"]
     assert row["weights"] == "tidar" and row["exact_match_vs_ar"] == 1.0  # beta = 1
     assert row["heldout_diffusion_loss"] > 0
+
+
+@pytest.mark.slow
+def test_drafter_and_asarm_rows(workdir, tmp_path):
+  """A DEER-shaped drafter, an AR drafter and an AS-ARM trained on from the AR run (the query
+  vector is the one new parameter) give exact speculative rows and the any-subset table."""
+  common = ["--steps", "2", "--set", "data.progress=False",
+            "--set", f"data.cache_dir={workdir.parent / 'data'}"]
+  deer, asarm = tmp_path / "deer", tmp_path / "asarm"
+  assert cli.main(["train", "--config", CONFIG, "--workdir", str(deer), "--set",
+                   "model.mask_token_id=2", "--set", "model.sep_token_id=3", *common]) == 0
+  assert cli.main(["train", "--config", CONFIG, "--workdir", str(asarm), "--set",
+                   "model.two_stream=True", "--set", "objective=asarm", "--set",
+                   f"init_from={workdir}", *common]) == 0
+  path = tmp_path / "bench.json"
+  assert cli.main(["bench", "--workdir", str(workdir), "--deer-workdir", str(deer),
+                   "--ar-drafter-workdir", str(workdir), "--asarm-workdir", str(asarm),
+                   "--prompts", "2", "--max-new-tokens", "8", "--batch-size", "2",
+                   "--infill-windows", "2", "--infill-length", "32", "--json", str(path)]) == 0
+  rows = json.loads(path.read_text())
+  by_name = {(r["method"], r.get("task")): r for r in rows}
+  for k in (4, 8, 16):
+    assert by_name[(f"deer_k{k}", None)]["exact_match_vs_ar"] == 1.0
+    spec = by_name[(f"spec_ar_k{k}", None)]  # the verifier drafting for itself: all accepted
+    # (7 tokens follow the prefill's: at most 6 drafts + the bonus in one step)
+    assert spec["exact_match_vs_ar"] == 1.0 and spec["max_accepted"] == min(k, 6)
+  for task in ("generate", "line"):
+    for method in ("any_order", "assd_self", "assd_ngram"):
+      row = by_name[(method, task)]
+      assert row["calls"] <= row["tokens"] and row["weights"] == "asarm"
+    if task == "line":
+      assert by_name[("assd_self", task)]["exact_match_vs_ar"] == 1.0
+      assert 0.0 <= by_name[("assd_self", task)]["pass_at_1"] <= 1.0
+    else:
+      assert by_name[("assd_self", task)]["gen_ppl"] > 1

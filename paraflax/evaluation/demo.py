@@ -48,6 +48,7 @@ STAGES = {s.name: s for s in [
     Stage("deer_drafter_stage1", "deer_drafter_stage1", teacher="tiny_ar"),
     Stage("deer_drafter", "deer_drafter", init_from="deer_drafter_stage1", teacher="tiny_ar"),
     Stage("ar_drafter", "ar_drafter", teacher="tiny_ar"),
+    Stage("asarm", "asarm", init_from="tiny_ar"),
 ]}
 
 JACOBI_FORCING = "jacobi_forcing_r2"  # the distilled model the bench compares

@@ -201,16 +201,19 @@ def run_infill_bench(model, methods, task: str, canvases: np.ndarray, *, judge=N
 
 
 def format_infill_table(rows: Sequence[InfillRow]) -> str:
+  """One line per row; p(PPL,H): Welch p-values of gen-PPL and entropy vs the sequential
+  sampler (large: no detectable change)."""
   head = (f"{'method':<12} {'task':<9} {'settings':<14} {'tok/call':>8} {'tok/iter':>8} "
           f"{'calls':>6} {'tok/s':>8} {'speedup':>8} {'exact':>6} {'gen-PPL':>14} "
-          f"{'entropy':>12} {'pass@1':>7}")
+          f"{'entropy':>12} {'p(PPL,H)':>10} {'pass@1':>7}")
   lines = [head, "-" * len(head)]
   for r in rows:
     exact = "-" if r.exact_match_vs_ar is None else f"{r.exact_match_vs_ar:.2f}"
     ppl = "-" if r.gen_ppl is None else f"{r.gen_ppl:.1f}±{r.gen_ppl_se:.1f}"
     ent = "-" if r.entropy is None else f"{r.entropy:.2f}±{r.entropy_se:.2f}"
     p1 = "-" if r.pass_at_1 is None else f"{r.pass_at_1:.2f}"
+    welch = "-" if r.gen_ppl_p is None else f"{r.gen_ppl_p:.2f},{r.entropy_p:.2f}"
     lines.append(f"{r.method:<12} {r.task:<9} {r.settings:<14} {r.tokens_per_forward:>8.2f} "
                  f"{r.tokens_per_iteration:>8.2f} {r.calls:>6d} {r.tokens_per_second:>8.1f} "
-                 f"{r.speedup_vs_ar:>7.2f}x {exact:>6} {ppl:>14} {ent:>12} {p1:>7}")
+                 f"{r.speedup_vs_ar:>7.2f}x {exact:>6} {ppl:>14} {ent:>12} {welch:>10} {p1:>7}")
   return "\n".join(lines)

@@ -141,7 +141,8 @@ def infill_bench(asarm, judge, tok, args) -> list:
   from paraflax.decoders import ASSD, AnyOrder
   from paraflax.evaluation import infill_bench as ib
   from paraflax.evaluation.quality import heldout_batches
-  windows = np.concatenate([b["tokens"] for b in heldout_batches(tok, batches=2)])
+  batches = heldout_batches(tok, batches=-(-args.infill_windows // 8), batch_size=8)
+  windows = np.concatenate([b["tokens"] for b in batches])
   windows = windows[:args.infill_windows, :args.infill_length]
   sampled = sampling.Temperature(1.0)
   rows = ib.run_infill_bench(
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a small AR drafter for the base (adds spec_ar_k4/8/16 rows)")
     q.add_argument("--asarm-workdir", default=None,
                    help="an AS-ARM with the base's tokenizer (adds the any-subset table)")
-    q.add_argument("--infill-windows", type=int, default=16,
+    q.add_argument("--infill-windows", type=int, default=64,
                    help="held-out windows for the AS-ARM's 95%%-masking generation task")
     q.add_argument("--infill-length", type=int, default=128, help="tokens per such window")
 

@@ -27,6 +27,7 @@ from flax import struct
 
 from paraflax import masks, verify
 from paraflax.cache import KVCache, commit, init_cache
+from paraflax.model import Queries
 from paraflax.sampling import Greedy
 
 HOLE = -1  # a position to fill
@@ -147,7 +148,7 @@ def init(fwd, dec, canvas_BxN, rng) -> InfillState:
   content, _ = masks.lattice(visible, valid_BxN=visible)  # holes: padding rows
   queries = (_take(order, jnp.broadcast_to(jnp.arange(k), (b, k))),
              jnp.broadcast_to(visible[:, None, :], (b, k, n)))
-  logits, kv = fwd(jnp.where(hole, 0, canvas_BxN), pos, content, None, _queries(*queries))
+  logits, kv = fwd(jnp.where(hole, 0, canvas_BxN), pos, content, None, Queries(*queries))
   cache = commit(init_cache(fwd.cfg, b, n), kv, jnp.argsort(hole, axis=1, stable=True),
                  n - holes)
   zeros = jnp.zeros((b,), jnp.int32)
@@ -156,11 +157,6 @@ def init(fwd, dec, canvas_BxN, rng) -> InfillState:
                       pend_tok=zeros, pend_pos=zeros, pend=zeros, calls=zeros,
                       iterations=zeros, rng=rng)
   return _sample(dec, state, logits, jnp.ones((b,), bool))
-
-
-def _queries(positions, mask):
-  from paraflax.model import Queries
-  return Queries(positions, mask)
 
 
 def _draft(fwd, dec, state: InfillState) -> InfillState:
@@ -175,7 +171,7 @@ def _draft(fwd, dec, state: InfillState) -> InfillState:
   qpos = _take(state.order, state.n[:, None] + jnp.arange(k))
   qmask = masks.over_cache(cache.lengths, cache.slots, jnp.broadcast_to(pend, (b, k, 1)))
   logits, kv = fwd(state.pend_tok[:, None], state.pend_pos[:, None], content, cache,
-                   _queries(qpos, qmask))
+                   Queries(qpos, qmask))
   cache = commit(cache, kv, jnp.zeros((b, 1), jnp.int32), jnp.where(active, state.pend, 0))
   state = state.replace(cache=cache, pend=jnp.zeros_like(state.pend))
   return _sample(dec, state, logits, active)
@@ -193,7 +189,7 @@ def _verify(fwd, dec, state: InfillState) -> InfillState:
   causal = masks.causal(k_eff, k)
   strict = causal & ~jnp.eye(k, dtype=bool)[None]
   logits, kv = fwd(state.drafts, pos, masks.over_cache(cache.lengths, cache.slots, causal), cache,
-                   _queries(pos, masks.over_cache(cache.lengths, cache.slots, strict)))
+                   Queries(pos, masks.over_cache(cache.lengths, cache.slots, strict)))
   rng, sub = jax.random.split(state.rng)
   # draft 0 is decided; drafts 1..k-1 against their exact conditionals (+ an unused bonus row)
   target = jnp.concatenate([logits[:, 1:], logits[:, -1:]], 1)
@@ -270,7 +266,7 @@ def _verify_ngram(fwd, dec, state: InfillState) -> InfillState:
   over = lambda m: masks.over_cache(cache.lengths, cache.slots, m)
   logits, kv = fwd(jnp.concatenate([state.pend_tok[:, None], state.drafts], 1),
                    jnp.concatenate([state.pend_pos[:, None], pos], 1), over(content), cache,
-                   _queries(pos, over(query)))
+                   Queries(pos, over(query)))
   rng, sub = jax.random.split(state.rng)
   target = jnp.concatenate([logits, logits[:, -1:]], 1)  # + an unused bonus row
   n_raw, nxt = verify.verify(sub, dec.sampler, state.drafts, state.q, target, dec.epsilon)

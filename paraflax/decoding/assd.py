@@ -146,9 +146,9 @@ def init(fwd, dec, canvas_BxN, rng) -> InfillState:
   holes = hole.sum(1).astype(jnp.int32)
   visible = ~hole
   content, _ = masks.lattice(visible, valid_BxN=visible)  # holes: padding rows
-  queries = (_take(order, jnp.broadcast_to(jnp.arange(k), (b, k))),
-             jnp.broadcast_to(visible[:, None, :], (b, k, n)))
-  logits, kv = fwd(jnp.where(hole, 0, canvas_BxN), pos, content, None, Queries(*queries))
+  queries = Queries(_take(order, jnp.broadcast_to(jnp.arange(k), (b, k))),
+                    jnp.broadcast_to(visible[:, None, :], (b, k, n)))  # see the prompt only
+  logits, kv = fwd(jnp.where(hole, 0, canvas_BxN), pos, content, None, queries)
   cache = commit(init_cache(fwd.cfg, b, n), kv, jnp.argsort(hole, axis=1, stable=True),
                  n - holes)
   zeros = jnp.zeros((b,), jnp.int32)

@@ -41,7 +41,7 @@ def test_greedy_assd_equals_sequential_any_order_decoding(asarm, draft):
   canvas = random_canvases(np.random.default_rng(0), 6, 24, 48)
   seq = pf.infill(asarm, canvas)
   assert np.all(np.asarray(seq.calls) == (canvas == HOLE).sum(1))  # one call per token
-  for k in (2, 3, 5, 8):
+  for k in (2, 5):
     out = pf.infill(asarm, canvas, ASSD(k, draft=draft))
     np.testing.assert_array_equal(out.tokens, seq.tokens)
     np.testing.assert_array_equal(np.asarray(out.tokens)[canvas != HOLE], canvas[canvas != HOLE])
@@ -67,7 +67,7 @@ def test_theorem_1_model_calls_never_exceed_tokens(asarm):
   """Sampled fills of many random hole patterns: calls <= generated tokens on every row, and
   a self-draft iteration (draft + verify call) decides >= 2 tokens."""
   rng = np.random.default_rng(1)
-  for i, (k, draft) in enumerate(itertools.product((2, 3, 5), ("self", "ngram"))):
+  for i, (k, draft) in enumerate([(2, "self"), (3, "ngram"), (5, "self")]):
     canvas = random_canvases(rng, 16, 20, 48, low=0.05, high=1.0)
     dec = ASSD(k, draft=draft, sampler=pf.Temperature(float(rng.uniform(0.7, 1.5))))
     out = jax.device_get(pf.infill(asarm, canvas, dec, rng=jax.random.key(i)))
@@ -81,13 +81,13 @@ def test_theorem_1_model_calls_never_exceed_tokens(asarm):
 def test_loop_twin_and_compile_once(asarm):
   rng = np.random.default_rng(2)
   canvas = random_canvases(rng, 4, 16, 48)
-  for dec in (ASSD(4, sampler=pf.TopK(5, 1.2)), ASSD(3, draft="ngram", sampler=pf.Temperature(1.1))):
-    a = pf.infill(asarm, canvas, dec, rng=jax.random.key(3))
-    b = pf.infill(asarm, canvas, dec, rng=jax.random.key(3), loop="python")
-    for f in ("tokens", "calls", "iterations"):
-      np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+  dec = ASSD(4, sampler=pf.TopK(5, 1.2))
+  a = pf.infill(asarm, canvas, dec, rng=jax.random.key(3))
+  b = pf.infill(asarm, canvas, dec, rng=jax.random.key(3), loop="python")
+  for f in ("tokens", "calls", "iterations"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
   before = TRACES["ASSD"]
-  for i in range(10):
+  for i in range(6):
     dec = ASSD(4, sampler=pf.Temperature(float(rng.uniform(0.5, 2))), epsilon=float(i % 2) / 10)
     pf.infill(asarm, random_canvases(rng, 4, 16, 48), dec, rng=jax.random.key(i))
   assert TRACES["ASSD"] - before == 1

@@ -168,27 +168,29 @@ def test_bad_parameters_are_clear_errors(model):
 
 
 @pytest.mark.slow
-def test_stochastic_speculative_samples_the_ar_joint(monkeypatch):
-  """20k sampled continuations vs the verifier's exactly enumerated AR joint; the same test
-  rejects a verifier that resamples from p instead of the residual."""
+@pytest.mark.parametrize("kind", ["ar", "diffusion"])
+def test_stochastic_speculative_samples_the_ar_joint(monkeypatch, kind):
+  """20k sampled continuations vs the verifier's exactly enumerated AR joint, for both
+  drafters (DEER: q is the block marginal); the same test rejects a verifier that resamples
+  from p instead of the residual."""
   model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
-  drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1)
+  ids = {"mask_token_id": 4, "sep_token_id": 5} if kind == "diffusion" else {}
+  drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1, **ids)
   sampler = pf.Temperature(1.0)
   prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
   joint = enumerated_ar_joint(model, sampler, prompt, n_new)
-
-  dec = pf.decoders.Speculative(2, sampler)
+  dec = pf.decoders.Speculative(2, sampler, drafter=kind)
 
   def sample():
     out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
                       rng=jax.random.key(0), draft_model=drafter)
     acc = np.asarray(out.accepted)
-    # step 1 emits 1 (first draft rejected), 2 (second rejected) or 3 (both accepted); a
-    # full acceptance sends step 2's drafter the 2-token catch-up chunk
+    # step 1 emits 1 (first draft rejected), 2 (second rejected) or 3 (both accepted): step
+    # 2's AR drafter gets the 2-token catch-up chunk, DEER's re-feeds 1, 2 or 3 tokens
     assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
     return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
 
-  assert_samples_the_joint(sample, joint, monkeypatch, "speculative decoding")
+  assert_samples_the_joint(sample, joint, monkeypatch, f"speculative decoding ({kind})")
 
 
 # --- DEER: a block-diffusion drafter (one forward drafts the whole block) ---
@@ -295,26 +297,3 @@ def test_deer_bad_drafters_are_clear_errors(small_target):
     pf.decoders.Speculative(2, drafter="dlm").validate(small_target.cfg, small_target.cfg)
   with pytest.raises(ValueError, match="block_size >= 1"):
     pf.decoders.Speculative(0, drafter="diffusion").validate(small_target.cfg, small_target.cfg)
-
-
-@pytest.mark.slow
-def test_deer_stochastic_samples_the_ar_joint(monkeypatch):
-  """20k sampled continuations with the block-marginal q vs the enumerated AR joint; the
-  biased-residual control must fail."""
-  model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
-  drafter = micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16, n_layers=1,
-                        mask_token_id=4, sep_token_id=5)
-  sampler = pf.Temperature(1.0)
-  prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
-  joint = enumerated_ar_joint(model, sampler, prompt, n_new)
-  dec = pf.decoders.Speculative(2, sampler, drafter="diffusion")
-
-  def sample():
-    out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
-                      rng=jax.random.key(0), draft_model=drafter)
-    acc = np.asarray(out.accepted)
-    # step 1 emits 1, 2 or 3 tokens, so step 2's drafter re-feeds 1, 2 or 3 unseen tokens
-    assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
-    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
-
-  assert_samples_the_joint(sample, joint, monkeypatch, "DEER speculative decoding")

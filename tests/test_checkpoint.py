@@ -104,6 +104,13 @@ def test_a_truncated_file_is_named_and_resume_falls_back(run, tmp_path):
     step, restored = ckpt.restore_latest(params, opt_state)
   ckpt.close()
   assert step == 10 and restored[2] is not None
+  # a cut manifest makes its step suspect too
+  cut = _copy(workdir, tmp_path / "cut")
+  _truncate(cut / "checkpoints" / "20" / "checksums.process_0.json")
+  ckpt = Checkpoints(cut)
+  with pytest.warns(ChecksumWarning, match="step 20 is corrupt.*not a valid checksum manifest"):
+    assert ckpt.restore_latest(params, opt_state)[0] == 10
+  ckpt.close()
   # without checksums (an older run) the unreadable step is still skipped, in one line
   old = _copy(workdir, tmp_path / "old")
   for m in old.rglob("checksums.process_*.json"):

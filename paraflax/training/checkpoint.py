@@ -71,6 +71,17 @@ def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> 
   return path
 
 
+def _read_manifest(path: Path) -> dict:
+  """A step's manifest; one that cannot be read is a `ChecksumError` (the step is suspect)."""
+  try:
+    manifest = read_json(path)
+    if manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict):
+      return manifest
+  except (ValueError, AttributeError):
+    pass
+  raise ChecksumError(path, "not a valid checksum manifest (truncated or corrupt)")
+
+
 def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> bool:
   """Check the files of `step_dir` against its manifests: top-level files and those of `items`
   (default: every item). Entries of an item whose directory is absent (the optimizer state of
@@ -80,14 +91,14 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> bool:
   found = sorted(step_dir.glob("checksums.process_*.json"))
   if not found:
     return False
-  count = read_json(found[0])["process_count"]
+  count = _read_manifest(found[0])["process_count"]
   for i in range(count):
     if not (step_dir / MANIFEST.format(i)).is_file():
       raise ChecksumError(step_dir / MANIFEST.format(i),
                           f"missing (process {i} of {count} never finished hashing its files)")
   for i in range(count):
     manifest = step_dir / MANIFEST.format(i)
-    files = {rel: d for rel, d in read_json(manifest)["files"].items()
+    files = {rel: d for rel, d in _read_manifest(manifest)["files"].items()
              if "/" not in rel or (step_dir / rel.split("/")[0]).is_dir()
              and (items is None or rel.split("/")[0] in items)}
     verify(step_dir, files, manifest.name)
@@ -167,8 +178,9 @@ class Checkpoints:
     verified = verify_step(step_dir, items)
     if not verified:
       warnings.warn(f"checkpoint {step_dir} has no checksums (saved before paraflax wrote "
-                    "them): loading it unverified; `paraflax checksum --workdir "
-                    f"{self.directory.parent}` writes them", ChecksumWarning, stacklevel=3)
+                    "them, or stopped while hashing): loading it unverified; `paraflax checksum "
+                    f"--workdir {self.directory.parent}` writes them", ChecksumWarning,
+                    stacklevel=3)
     try:
       return self._mngr.restore(step, args=ocp.args.Composite(**args))
     except Exception as e:  # orbax/tensorstore raise many kinds: one line, naming the step
@@ -255,8 +267,10 @@ class Checkpoints:
 
   def close(self) -> None:
     self._mngr.wait_until_finished()
-    self.wait()
-    self._mngr.close()
+    try:
+      self.wait()
+    finally:
+      self._mngr.close()
 
 
 def checksum_workdir(workdir: str | os.PathLike, step: int | None = None) -> dict:

@@ -296,6 +296,11 @@ def cmd_export(args):
   print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok)}")
 
 
+def cmd_checksum(args):
+  from paraflax.training.checkpoint import checksum_workdir
+  print(json.dumps(checksum_workdir(args.workdir, args.step)))
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="paraflax", description="Exact, batched, compile-once "
                               "parallel decoding for language models (JAX/Flax).")
@@ -400,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
   model_flags(e)
   e.add_argument("--to-hf", required=True, help="output directory")
   e.set_defaults(fn=cmd_export)
+
+  k = sub.add_parser("checksum", help="verify a workdir's checkpoints against their checksums; "
+                     "write them for a checkpoint that has none (older runs)")
+  k.add_argument("--workdir", required=True, help="a training workdir")
+  k.add_argument("--step", type=int, default=None, help="only this step (default: every one)")
+  k.set_defaults(fn=cmd_checksum)
   return p
 
 

@@ -350,3 +350,63 @@ def test_cli_generate_convert_export_on_a_hf_checkpoint(checkpoints, tmp_path, c
   capsys.readouterr()
   assert cli.main(["generate", "--hf", str(tmp_path / "back"), *prompt]) == 0
   assert capsys.readouterr().out == direct
+
+
+# ---- what can be verified without checksums: a corrupt file is named, tensor by tensor ----
+
+def _corrupt(checkpoints, tmp_path, edit):
+  """A copy of the qwen2_untied checkpoint whose model.safetensors bytes went through `edit`."""
+  path = shutil.copytree(checkpoints["qwen2_untied"][0], tmp_path / "bad")
+  file = path / "model.safetensors"
+  raw = bytearray(file.read_bytes())
+  edit(raw, read_header(file))
+  file.write_bytes(bytes(raw))
+  return path
+
+
+def _flip_exponent(raw, at):  # element 7's top exponent bit (float32, LE): ~0.1 becomes ~1e37
+  raw[at + 7 * 4 + 3] ^= 0x40
+
+
+def _nan(raw, at):  # element 9 overwritten with a NaN (a diverged run, a bad conversion)
+  raw[at + 9 * 4:at + 10 * 4] = np.float32(np.nan).tobytes()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("edit, match", [
+    (_flip_exponent, r"holds an implausible value \(.*e\+3\d at index \[0, 7\]\)"),
+    (_nan, r"holds a non-finite value \(nan at index \[0, 9\]\)"),
+])
+def test_a_corrupt_weight_is_named_as_it_is_read(checkpoints, tmp_path, edit, match):
+  name = "model.layers.1.mlp.up_proj.weight"
+  path = _corrupt(checkpoints, tmp_path, lambda raw, infos: edit(raw, infos[name].start))
+  with pytest.raises(ValueError, match=rf"model.safetensors: tensor '{name}' {match}"):
+    load_hf(path)
+
+
+@pytest.mark.fast
+def test_a_corrupt_header_truncation_and_wrong_dtype_are_named(checkpoints, tmp_path):
+  def offset_bit(raw, infos):  # one bit of the last digit of a tensor's end offset
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].decode()
+    at = header.index('"data_offsets":[', header.index('"model.layers.0.mlp.up_proj.weight"'))
+    last = header.index("]", at) - 1
+    raw[8 + last] ^= 0x01
+
+  with pytest.raises(ValueError, match=r"model.safetensors: tensor 'model.layers.0.mlp.up_proj"
+                                       r".weight' has an inconsistent byte range"):
+    load_hf(_corrupt(checkpoints, tmp_path / "a", offset_bit))
+  cut = _corrupt(checkpoints, tmp_path / "b", lambda raw, infos: raw.__delitem__(slice(-4, None)))
+  with pytest.raises(ValueError, match=r"model.safetensors: \d+ bytes, but its header ends the "
+                                       r"data at byte \d+ \(truncated\)"):
+    load_hf(cut)
+  half = _corrupt(checkpoints, tmp_path / "c", lambda raw, infos: None)
+  cfg = json.loads((half / "config.json").read_text())
+  cfg.pop("torch_dtype", None)
+  (half / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+  with pytest.raises(ValueError, match=r"model.safetensors: tensor '[\w.]+' is float32, "
+                                       r"expected bfloat16 \(config.json\)"):
+    load_hf(half)
+  (half / "config.json").write_text(json.dumps(cfg)[:40])
+  with pytest.raises(ValueError, match=rf"{half / 'config.json'}: not valid JSON, truncated"):
+    load_hf(half)

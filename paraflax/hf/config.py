@@ -8,12 +8,12 @@ a checkpoint that loads is one whose logits match.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from paraflax.config import ModelConfig, RopeScaling
+from paraflax.json_io import read_json
 
 SUPPORTED = ("llama", "qwen2", "qwen3")  # HF model_type values (Qwen2.5 is "qwen2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -31,10 +31,7 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
   if not file.is_file():
     raise FileNotFoundError(f"{str(file)!r} not found: {str(path)!r} is not a Hugging Face "
                             "checkpoint directory (expected config.json + *.safetensors)")
-  try:
-    return json.loads(file.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{file}: not valid JSON ({e})") from None
+  return read_json(file)
 
 
 def _unsupported(model_type: str) -> ValueError:

@@ -6,7 +6,8 @@ Layout written (what `load_trained` expects):
     tokenizer.json   the checkpoint's tokenizer
     hf_config.json   the source config.json, for provenance
     generation_config.json  EOS/PAD ids (`load_hf_tokenizer(out)` resolves them)
-    checkpoints/0/   the params as an orbax pytree (item `params`, no optimizer state)
+    checkpoints/0/   the params as an orbax pytree (item `params`, no optimizer state), with
+                     their checksums (`checksums.process_0.json`)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
   import orbax.checkpoint as ocp  # heavy: imported only when converting
 
   from paraflax.data.pipeline import DataConfig
-  from paraflax.training.checkpoint import CHECKPOINTS
+  from paraflax.training.checkpoint import CHECKPOINTS, write_manifest
   from paraflax.training.config import TrainConfig
 
   t0 = time.perf_counter()
@@ -66,5 +67,6 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
                              item_handlers={"params": handler}) as mngr:
     mngr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params)), force=True)
     mngr.wait_until_finished()
+  write_manifest(out / CHECKPOINTS / "0")
   n_params = sum(x.size for x in jax.tree.leaves(params))
   return {"out": str(out), "n_params": n_params, "seconds": time.perf_counter() - t0}

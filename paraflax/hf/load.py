@@ -1,30 +1,36 @@
 """`load_hf`: a local Hugging Face checkpoint directory -> a paraflax `Transformer`.
 
 The module is built abstractly (`nnx.eval_shape`, no weights allocated), every expected
-tensor is checked against the safetensors headers (names and shapes, before any data is
-read), and then each parameter is filled from its tensor one at a time, so host memory peaks
-near the converted model plus one tensor.
+tensor is checked against the safetensors headers (names, shapes and dtypes against
+config.json, byte ranges against the file; before any data is read), and then each parameter
+is filled from its tensor one at a time, refusing non-finite and absurd values, so host memory peaks
+near the converted model plus one tensor. Hugging Face directories carry no checksums: these
+checks are what can be verified, and each error names the tensor and its file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
 import jax
+import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from paraflax.config import ModelConfig
 from paraflax.hf import layout
 from paraflax.hf.config import model_config_from_hf, read_hf_config
-from paraflax.hf.safetensors_io import TensorInfo, read_header, read_tensor
+from paraflax.hf.safetensors_io import TensorInfo, is_float, read_header, read_tensor
+from paraflax.json_io import read_json
 from paraflax.model import Transformer
 
 INDEX = "model.safetensors.index.json"
 _LIST = 8  # names shown in an error before "and N more"
+_BLOCK = 1 << 22  # elements checked at once by check_values
+_IMPLAUSIBLE = 1e30
+_FLOAT_NAMES = ("float64", "float32", "float16", "bfloat16")
 
 
 def _names(names) -> str:
@@ -37,7 +43,7 @@ def safetensors_index(path: str | os.PathLike) -> dict[str, TensorInfo]:
   """Tensor name -> TensorInfo over `model.safetensors` or the shards of the index."""
   path = Path(path)
   if (path / INDEX).is_file():
-    weight_map = json.loads((path / INDEX).read_text()).get("weight_map", {})
+    weight_map = read_json(path / INDEX).get("weight_map", {})
     files = sorted(set(weight_map.values()))
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
@@ -90,6 +96,36 @@ def check_tensors(cfg: ModelConfig, entries, index: dict[str, TensorInfo], where
     raise ValueError(f"{where}: " + "; ".join(problems))
 
 
+def check_dtypes(saved: str | None, entries, index: dict[str, TensorInfo]) -> None:
+  """Raise naming the first weight that is not floating point, or whose dtype is not the
+  `saved` one of config.json (`torch_dtype`; None: any float)."""
+  for e in entries:
+    info = index[e.hf_name]
+    if not is_float(info.dtype) or saved is not None and info.dtype.name != saved:
+      want = saved or "a floating-point dtype"
+      raise ValueError(f"{info.file}: tensor {e.hf_name!r} is {info.dtype.name}, expected {want}"
+                       " (config.json)")
+
+
+def check_values(x: np.ndarray, name: str, info: TensorInfo) -> None:
+  """Raise naming the tensor when `x` holds a NaN, an infinity, or a magnitude above 1e30
+  (no trained weight comes near it; one flipped high exponent bit of a float32 or bfloat16
+  weight lands there). Checked in blocks: the masks cost megabytes, not a tensor's worth."""
+  flat = x.reshape(-1)
+  bounded = float(ml_dtypes.finfo(x.dtype).max) > _IMPLAUSIBLE
+  for lo in range(0, flat.size, _BLOCK):
+    block = flat[lo:lo + _BLOCK]
+    ok = np.isfinite(block)
+    if bounded:
+      ok &= np.abs(block) <= _IMPLAUSIBLE
+    if not ok.all():
+      first = lo + int(np.argmin(ok))
+      kind = "an implausible" if np.isfinite(flat[first]) else "a non-finite"
+      raise ValueError(f"{info.file}: tensor {name!r} holds {kind} value ({flat[first]} at "
+                       f"index {[int(i) for i in np.unravel_index(first, x.shape)]}): the file "
+                       "is corrupt")
+
+
 def load_hf(path: str | os.PathLike, *, dtype: str | None = None,
             param_dtype: str | None = None, max_seq_len: int | None = None) -> Transformer:
   """A paraflax `Transformer` with the weights of a local Hugging Face checkpoint.
@@ -99,12 +135,15 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None,
   `param_dtype` to `dtype`; `max_seq_len` to `max_position_embeddings`.
   """
   path = Path(path).expanduser()
-  cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype,
+  hf_cfg = read_hf_config(path)
+  cfg = model_config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype,
                              max_seq_len=max_seq_len)
   index = safetensors_index(path)
   graphdef, params = abstract_model(cfg)
   entries = plan(cfg, params)
   check_tensors(cfg, [e for e, _ in entries], index, path)
+  saved = hf_cfg.get("dtype") or hf_cfg.get("torch_dtype")
+  check_dtypes(saved if saved in _FLOAT_NAMES else None, [e for e, _ in entries], index)
   target = np.dtype(cfg.params_dtype)
   with contextlib.ExitStack() as stack:
     files = {}
@@ -112,7 +151,10 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None,
       info = index[e.hf_name]
       if info.file not in files:
         files[info.file] = stack.enter_context(open(info.file, "rb"))
-      x = layout.to_paraflax(read_tensor(files[info.file], info), e)
+      raw = read_tensor(files[info.file], info)
+      check_values(raw, e.hf_name, info)
+      x = layout.to_paraflax(raw, e)
+      del raw
       # one tensor on the host at a time: cast (no-op when dtypes agree), hand to the device
       var.set_value(jax.device_put(np.ascontiguousarray(x.astype(target, copy=False))))
       del x

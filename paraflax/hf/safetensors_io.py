@@ -25,6 +25,7 @@ DTYPES = {
     "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
 _CODES = {v: k for k, v in DTYPES.items()}
+FLOATS = ("F64", "F32", "F16", "BF16")
 
 
 class TensorInfo(NamedTuple):
@@ -38,31 +39,60 @@ class TensorInfo(NamedTuple):
 
 
 def read_header(file: str | os.PathLike) -> dict[str, TensorInfo]:
-  """Name -> TensorInfo for every tensor in `file` (reads only the header)."""
+  """Name -> TensorInfo for every tensor in `file` (reads only the header).
+
+  Checks what a file without checksums allows: a JSON header of known dtypes and
+  non-negative shapes, each tensor's byte range the size of its shape, the ranges contiguous
+  from the end of the header, and the file ending where the last one does (a truncated or
+  appended-to file, or a flipped bit in an offset, is refused naming the tensor).
+  """
   file = Path(file)
+  size = file.stat().st_size
   with open(file, "rb") as f:
     raw = f.read(8)
     if len(raw) != 8:
       raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
     (n,) = struct.unpack("<Q", raw)
-    size = file.stat().st_size
     if n > size - 8:
       raise ValueError(f"{file}: not a safetensors file (header length {n} > file size)")
-    header = json.loads(f.read(n))
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ValueError(f"{file}: the safetensors header is not valid JSON ({e})") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{file}: the safetensors header is not a JSON object")
   out = {}
   for name, entry in header.items():
     if name == "__metadata__":
       continue
-    if entry["dtype"] not in DTYPES:
-      raise ValueError(f"{file}: tensor {name!r} has unsupported dtype {entry['dtype']}")
-    start, end = entry["data_offsets"]
-    info = TensorInfo(file, DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + n + start,
-                      8 + n + end)
-    if info.end > size or info.end - info.start != info.dtype.itemsize * int(
-        np.prod(info.shape, dtype=np.int64)):
-      raise ValueError(f"{file}: tensor {name!r} has an inconsistent byte range")
+    try:
+      code, shape, (start, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    except (TypeError, KeyError, ValueError):
+      raise ValueError(f"{file}: tensor {name!r} has a malformed header entry") from None
+    if code not in DTYPES:
+      raise ValueError(f"{file}: tensor {name!r} has unsupported dtype {code}")
+    if not all(isinstance(d, int) and d >= 0 for d in shape) or not all(
+        isinstance(o, int) for o in (start, end)):
+      raise ValueError(f"{file}: tensor {name!r} has a malformed shape or byte range")
+    info = TensorInfo(file, DTYPES[code], tuple(shape), 8 + n + start, 8 + n + end)
+    if info.end - info.start != info.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64)):
+      raise ValueError(f"{file}: tensor {name!r} has an inconsistent byte range ({start}..{end} "
+                       f"for {code}{list(shape)})")
     out[name] = info
+  at = 8 + n  # the tensors tile the data section in offset order, with no gap or overlap
+  for name, info in sorted(out.items(), key=lambda kv: (kv[1].start, kv[1].end)):
+    if info.start != at:
+      raise ValueError(f"{file}: tensor {name!r} starts at byte {info.start - 8 - n} of the "
+                       f"data, expected {at - 8 - n} (overlapping or non-contiguous offsets)")
+    at = info.end
+  if at != size:
+    raise ValueError(f"{file}: {size} bytes, but its header ends the data at byte {at} "
+                     f"({'truncated' if size < at else 'trailing bytes'})")
   return out
+
+
+def is_float(dtype: np.dtype) -> bool:
+  return _CODES.get(np.dtype(dtype)) in FLOATS
 
 
 def read_tensor(f: BinaryIO, info: TensorInfo) -> np.ndarray:

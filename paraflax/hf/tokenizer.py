@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from paraflax.data.tokenizer import Tokenizer
+from paraflax.json_io import read_json
 
 
 def _json(file: Path) -> dict:
-  try:
-    return json.loads(file.read_text()) if file.is_file() else {}
-  except json.JSONDecodeError:
-    return {}
+  return read_json(file) if file.is_file() else {}  # an invalid file is an error naming it
 
 
 def _token(value, backend) -> str | None:

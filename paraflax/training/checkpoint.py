@@ -5,21 +5,135 @@ Layout of `<workdir>/checkpoints/<step>/`: `params` and `opt_state` (orbax pytre
 steps the iterator has yielded exactly `step` batches, so restoring all three resumes with
 the next unseen batch. Orbax writes each step to a temporary directory and renames it when
 complete, so a run killed mid-save leaves the previous checkpoint as the latest one.
+
+Checksums: after orbax has written a step, each process lists the size and crc32 of the files
+it wrote (its `*process_<i>` shards; process 0 also everything shared) in
+`<step>/checksums.process_<i>.json`. The hashing runs in a background thread while training
+goes on (one streaming pass, files in parallel; joined before the next save and on close), so
+a large save does not stall: a step whose manifest was never finished loads like an older
+checkpoint without one (a `ChecksumWarning`). Every reader verifies the files it is about to
+read (all of them, on every process, so that all processes reach the same decision) and names
+the first file that differs. `restore_latest` (the trainer's resume) falls back to the newest
+intact step and moves the broken newer ones to `<workdir>/corrupt_checkpoints/`.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import re
+import shutil
+import threading
+import warnings
 from pathlib import Path
 
+import jax
 import orbax.checkpoint as ocp
 
+from paraflax.checksums import (ALGORITHM, ChecksumError, ChecksumWarning, digest, files_under,
+                                verify)
+from paraflax.json_io import read_json, write_json
+
 CHECKPOINTS = "checkpoints"
+CORRUPT = "corrupt_checkpoints"  # where resume moves the steps it had to skip
+MANIFEST = "checksums.process_{}.json"
+FORMAT = "paraflax-checksums/1"
+_MANIFEST_RE = re.compile(r"checksums\.process_(\d+)\.json")
+_PROCESS_RE = re.compile(r"(?:ocdbt\.)?process_(\d+)")
+
+
+class CheckpointReadError(ValueError):
+  """Orbax could not read a step (`verified`: whether its checksums had matched)."""
+
+  def __init__(self, message: str, verified: bool):
+    self.verified = verified
+    super().__init__(message)
+
+
+def _owner(rel: str, process_count: int) -> int:
+  """The process that wrote file `rel` of a step: orbax names per-process shards
+  `ocdbt.process_<i>` / `process_<i>`; everything else is written by process 0."""
+  if process_count > 1:
+    for part in rel.split("/"):
+      if m := _PROCESS_RE.fullmatch(part):
+        return int(m.group(1))
+  return 0
+
+
+def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> Path:
+  """Write `checksums.process_<process>.json` for the files of `step_dir` this process wrote."""
+  step_dir = Path(step_dir)
+  rels = [r for r in files_under(step_dir) if not _MANIFEST_RE.fullmatch(r)
+          and _owner(r, process_count) == process]
+  path = step_dir / MANIFEST.format(process)
+  write_json(path, {"format": FORMAT, "algorithm": ALGORITHM, "process": process,
+                    "process_count": process_count, "files": digest(step_dir, rels)})
+  return path
+
+
+def _read_manifest(path: Path) -> dict:
+  """A step's manifest; one that cannot be read is a `ChecksumError` (the step is suspect)."""
+  try:
+    manifest = read_json(path)
+    if manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict):
+      return manifest
+  except (ValueError, AttributeError):
+    pass
+  raise ChecksumError(path, "not a valid checksum manifest (truncated or corrupt)")
+
+
+def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> bool:
+  """Check the files of `step_dir` against its manifests: top-level files and those of `items`
+  (default: every item). Entries of an item whose directory is absent (the optimizer state of
+  a params-only copy) are skipped: the caller decides which items it needs. Returns False when
+  the step has no manifest; raises `ChecksumError` naming the first file that differs."""
+  step_dir = Path(step_dir)
+  found = sorted(step_dir.glob("checksums.process_*.json"))
+  if not found:
+    return False
+  count = _read_manifest(found[0])["process_count"]
+  for i in range(count):
+    if not (step_dir / MANIFEST.format(i)).is_file():
+      raise ChecksumError(step_dir / MANIFEST.format(i),
+                          f"missing (process {i} of {count} never finished hashing its files)")
+  for i in range(count):
+    manifest = step_dir / MANIFEST.format(i)
+    files = {rel: d for rel, d in _read_manifest(manifest)["files"].items()
+             if "/" not in rel or (step_dir / rel.split("/")[0]).is_dir()
+             and (items is None or rel.split("/")[0] in items)}
+    verify(step_dir, files, manifest.name)
+  return True
+
+
+def _root_cause(e: BaseException) -> str:
+  """The first line of the innermost exception of a chain (tensorstore's, naming the key)."""
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
+
+
+class _Hashing(threading.Thread):
+  """`write_manifest` in the background; `join_or_raise` re-raises what it raised."""
+
+  def __init__(self, *args):
+    super().__init__(daemon=True, name="checkpoint-checksums")
+    self._args, self.error = args, None
+    self.start()
+
+  def run(self):
+    try:
+      write_manifest(*self._args)
+    except BaseException as e:  # surfaced by join_or_raise in the training thread
+      self.error = e
+
+  def join_or_raise(self):
+    self.join()
+    if self.error is not None:
+      raise self.error
 
 
 class Checkpoints:
-  """A thin orbax `CheckpointManager` over `<workdir>/checkpoints`."""
+  """A thin orbax `CheckpointManager` over `<workdir>/checkpoints`, with checksums."""
 
   def __init__(self, workdir: str | os.PathLike, keep: int = 2, *, create: bool = True):
     directory = Path(workdir).absolute() / CHECKPOINTS
@@ -30,6 +144,10 @@ class Checkpoints:
                                            cleanup_tmp_directories=create)
     self.directory = directory
     self._mngr = ocp.CheckpointManager(directory, options=options)
+    self._hashing: _Hashing | None = None
+
+  def step_dir(self, step: int) -> Path:
+    return self.directory / str(step)
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
@@ -38,26 +156,137 @@ class Checkpoints:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, params, opt_state, data_state: dict) -> None:
-    """Save step `step` (all three parts, or none of them)."""
+    """Save step `step` (all three parts, or none of them); its checksums follow in the
+    background."""
+    self.wait()  # the previous manifest is done before orbax may delete its step
     self._mngr.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
         data=ocp.args.JsonSave(copy.deepcopy(data_state))), force=True)
+    self._hashing = _Hashing(self.step_dir(step), jax.process_index(), jax.process_count())
+
+  def wait(self) -> None:
+    """Until the last save's checksums are written."""
+    if self._hashing is not None:
+      hashing, self._hashing = self._hashing, None
+      hashing.join_or_raise()
+
+  def _read(self, step: int, items: tuple[str, ...], args) -> dict:
+    """Verify the files of `items` (a `ChecksumWarning` when the step has none), then read."""
+    self.wait()
+    step_dir = self.step_dir(step)
+    verified = verify_step(step_dir, items)
+    if not verified:
+      warnings.warn(f"checkpoint {step_dir} has no checksums (saved before paraflax wrote "
+                    "them, or stopped while hashing): loading it unverified; `paraflax checksum "
+                    f"--workdir {self.directory.parent}` writes them", ChecksumWarning,
+                    stacklevel=3)
+    try:
+      return self._mngr.restore(step, args=ocp.args.Composite(**args))
+    except Exception as e:  # orbax/tensorstore raise many kinds: one line, naming the step
+      raise CheckpointReadError(f"checkpoint {step_dir} cannot be read ({_root_cause(e)})",
+                                verified) from None
 
   def restore(self, step: int, params_like, opt_state_like) -> tuple:
-    """(params, opt_state, data_state) of `step`, shaped like the given pytrees."""
-    out = self._mngr.restore(step, args=ocp.args.Composite(
+    """(params, opt_state, data_state) of `step`, shaped like the given pytrees, verified.
+
+    A params-only step (a shipped model, a `paraflax convert` output) is refused with a clear
+    message: it cannot resume the run exactly, and `init_from` trains on from its weights.
+    """
+    if not (self.step_dir(step) / "opt_state").is_dir():
+      workdir = self.directory.parent
+      raise ValueError(f"checkpoint {self.step_dir(step)} holds params only (no optimizer "
+                       "state: a shipped or converted model), so training cannot resume from "
+                       f"it; train on from its weights in a fresh workdir with --set "
+                       f"init_from={workdir}")
+    out = self._read(step, ("params", "opt_state", "data"), dict(
         params=ocp.args.StandardRestore(params_like),
         opt_state=ocp.args.StandardRestore(opt_state_like),
         data=ocp.args.JsonRestore()))
     return out["params"], out["opt_state"], out["data"]
 
+  def restore_latest(self, params_like, opt_state_like) -> tuple[int, tuple | None]:
+    """(step, `restore(step, ...)`) of the newest intact step; (0, None) when none is saved.
+
+    A newer step whose checksums fail (or that cannot be read and has none) is skipped with a
+    warning and moved to `<workdir>/corrupt_checkpoints/` once an older one has been read, so
+    training goes on from there and saves that step anew. When no step is intact, the newest
+    step's error is raised.
+    """
+    skipped = []
+    for step in reversed(self.all_steps()):
+      try:
+        out = self.restore(step, params_like, opt_state_like)
+      except (ChecksumError, CheckpointReadError) as e:
+        if isinstance(e, CheckpointReadError) and e.verified:
+          raise  # intact files orbax cannot read: not corruption, and older steps won't help
+        skipped.append((step, e))
+        continue
+      for bad, e in skipped:
+        warnings.warn(f"checkpoint step {bad} is corrupt ({e}); resuming from step {step}",
+                      ChecksumWarning, stacklevel=2)
+      self._set_aside([bad for bad, _ in skipped])
+      return step, out
+    if skipped:
+      raise CheckpointReadError(f"no checkpoint in {self.directory} is intact; the newest: "
+                                f"{skipped[0][1]}", verified=False) from None
+    return 0, None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Move `steps` out of the manager's directory (process 0, between barriers)."""
+    if not steps:
+      return
+    many = jax.process_count() > 1
+    if many:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("paraflax-set-aside-start")
+    if jax.process_index() == 0:
+      dest = self.directory.parent / CORRUPT
+      dest.mkdir(exist_ok=True)
+      for step in steps:
+        target, n = dest / str(step), 1
+        while target.exists():
+          target, n = dest / f"{step}.{n}", n + 1
+        shutil.move(str(self.step_dir(step)), str(target))
+    if many:
+      multihost_utils.sync_global_devices("paraflax-set-aside-end")
+    self._mngr.reload()
+
   def restore_params(self, step: int, params_like):
-    """Only the params of `step` (for generation): no optimizer state is read."""
-    out = self._mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(params_like)))
-    return out["params"]
+    """Only the params of `step` (for generation), verified: no optimizer state is read."""
+    return self._read(step, ("params",), dict(
+        params=ocp.args.StandardRestore(params_like)))["params"]
+
+  def checksum(self, step: int) -> str:
+    """Verify `step` against its manifest ("verified"), or write one if it has none
+    ("wrote": an older checkpoint, hashed as it is now, by this process alone)."""
+    if verify_step(self.step_dir(step)):
+      return "verified"
+    write_manifest(self.step_dir(step))
+    return "wrote"
 
   def close(self) -> None:
     self._mngr.wait_until_finished()
-    self._mngr.close()
+    try:
+      self.wait()
+    finally:
+      self._mngr.close()
+
+
+def checksum_workdir(workdir: str | os.PathLike, step: int | None = None) -> dict:
+  """Verify each saved step (or `step`) of a workdir against its checksums, writing them for a
+  step that has none (an older run, a shipped model). Returns {"workdir", "steps": {step:
+  "verified" | "wrote"}}; a file that differs is a `ChecksumError` naming it."""
+  workdir = Path(workdir).expanduser()
+  if not (workdir / CHECKPOINTS).is_dir():
+    raise FileNotFoundError(f"no {CHECKPOINTS}/ in {str(workdir)!r}: not a training workdir")
+  ckpt = Checkpoints(workdir, create=False)
+  try:
+    steps = ckpt.all_steps()
+    if step is not None and step not in steps:
+      raise FileNotFoundError(f"no checkpoint of step {step} in {str(ckpt.directory)!r} "
+                              f"(saved: {steps})")
+    return {"workdir": str(workdir),
+            "steps": {s: ckpt.checksum(s) for s in (steps if step is None else [step])}}
+  finally:
+    ckpt.close()

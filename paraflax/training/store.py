@@ -8,12 +8,19 @@ A store is a directory:
     tokenizer.json  the tokenizer of the model that made it
     progress.json   {"batches": k}: the first k batches are on disk (filling resumes there)
     <name>/         one zarr int32 array per name, `[examples, ...]`, chunked by batch
+    checksums.jsonl size and crc32 of the files (`paraflax.checksums`): one line for the files
+                    made with the store, then one per batch for the chunk files it wrote,
+                    appended before progress.json advances; verified by `read_store`
+
+Stores are written by one process (the commands that make them run on one host).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -21,9 +28,11 @@ import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
 
-from paraflax.training.trainer import write_json
+from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
+from paraflax.json_io import read_json, write_json
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
+CHECKSUMS = "checksums.jsonl"
 
 
 def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +54,8 @@ def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
 
 def open_array(path: Path, name: str, shape=None, chunk=None, *, create: bool = False):
   """The zarr int32 array `path/name`: opened, or created empty (replacing any old one)."""
-  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)}}
+  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
+          "store_data_equal_to_fill_value": True}  # every chunk a file, so each has a checksum
   if create:
     spec["metadata"] = {"shape": list(shape), "chunks": list(chunk), "dtype": "<i4"}
     return ts.open(spec, create=True, delete_existing=True).result()
@@ -66,20 +76,75 @@ def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
   """
   done = 0
   if (out / META).is_file() and (out / PROGRESS).is_file():
-    old = json.loads((out / META).read_text())
+    old = read_json(out / META)
     if old != meta:
       diff = sorted(k for k in set(meta) | set(old) if old.get(k) != meta.get(k))
       raise ValueError(f"{str(out)!r} holds a {what} made with other settings "
                        f"({', '.join(diff)}); use a fresh directory")
-    done = json.loads((out / PROGRESS).read_text())["batches"]
+    done = read_json(out / PROGRESS)["batches"]
   if done:
+    _trim_checksums(out, done)
     return {k: open_array(out, k) for k in shapes}, done
   out.mkdir(parents=True, exist_ok=True)
   arrays = {k: open_array(out, k, *shapes[k], create=True) for k in shapes}
   write_json(out / META, meta)
   tokenizer.save(out / TOKENIZER)
   write_json(out / PROGRESS, {"batches": 0})
+  made = [META, TOKENIZER] + [f"{k}/.zarray" for k in shapes]
+  _write_lines(out / CHECKSUMS, [{"batch": None, "files": digest(out, made)}])
   return arrays, 0
+
+
+def _chunk_files(array, name: str, lo: int, hi: int) -> list[str]:
+  """The zarr chunk files (`name/i.j.k`) holding rows lo..hi of `array`."""
+  chunk = array.chunk_layout.write_chunk.shape
+  first = range(lo // chunk[0], (hi - 1) // chunk[0] + 1)
+  rest = [range(-(-n // c)) for n, c in zip(array.shape[1:], chunk[1:])]
+  return [f"{name}/" + ".".join(map(str, i)) for i in itertools.product(first, *rest)]
+
+
+def _write_lines(path: Path, lines: list[dict]) -> None:
+  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+  tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+  os.replace(tmp, path)
+
+
+def _read_lines(path: Path, *, strict: bool) -> list[dict]:
+  """The lines of a checksum log (a line cut by a kill is dropped, or refused if `strict`)."""
+  out = []
+  for n, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      if strict:
+        raise ValueError(f"{path}: line {n} is not valid JSON (truncated or corrupt)") from None
+  return out
+
+
+def _trim_checksums(out: Path, done: int) -> None:
+  """Keep the checksums of the store's own files and batches 0..done-1 (resuming)."""
+  if (out / CHECKSUMS).is_file():  # older stores have none, and keep none
+    lines = _read_lines(out / CHECKSUMS, strict=False)
+    _write_lines(out / CHECKSUMS, [x for x in lines if x["batch"] is None or x["batch"] < done])
+
+
+def verify_store(path: Path, total: int, what: str) -> bool:
+  """Check the store's files against checksums.jsonl (False when it has none); a file that
+  differs is a `ChecksumError` naming it."""
+  log = path / CHECKSUMS
+  if not log.is_file():
+    return False
+  files, batches = {}, set()
+  for x in _read_lines(log, strict=True):
+    if x["batch"] is None or x["batch"] < total:
+      files.update(x["files"])  # a chunk written twice: its last line counts
+      batches.add(x["batch"])
+  missing = sorted(set(range(total)) - batches)
+  if None not in batches or missing:
+    lost = "the store's own files" if None not in batches else f"batch {missing[0]}"
+    raise ChecksumError(log, f"has no checksums for {lost} of this {what}")
+  verify(path, files, CHECKSUMS)
+  return True
 
 
 def padded_batch(a: np.ndarray, lo: int, hi: int, size: int) -> np.ndarray:
@@ -100,6 +165,10 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
     rows = make(i, lo, hi)
     for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
       w.result()
+    if (out / CHECKSUMS).is_file():
+      written = [f for k in rows for f in _chunk_files(arrays[k], k, lo, hi)]
+      with open(out / CHECKSUMS, "a") as log:
+        log.write(json.dumps({"batch": i, "files": digest(out, written)}) + "\n")
     write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
     bar.update(1)
     if postfix is not None:
@@ -113,10 +182,13 @@ def read_store(path: str | os.PathLike, names, *, what: str,
   path = Path(path).expanduser()
   if not (path / META).is_file():
     raise FileNotFoundError(f"no {what} at {str(path)!r} (make one with `paraflax {command}`)")
-  meta = json.loads((path / META).read_text())
+  meta = read_json(path / META)
   total = num_batches(meta)
-  done = json.loads((path / PROGRESS).read_text())["batches"] if (path / PROGRESS).is_file() else 0
+  done = read_json(path / PROGRESS)["batches"] if (path / PROGRESS).is_file() else 0
   if done < total:
     raise ValueError(f"{what} {str(path)!r} is incomplete ({done}/{total} batches): rerun "
                      f"`paraflax {command}` with the same settings to finish it")
+  if not verify_store(path, total, what):
+    warnings.warn(f"{what} {str(path)!r} has no checksums (made before paraflax wrote them): "
+                  "reading it unverified", ChecksumWarning, stacklevel=3)
   return meta, {k: np.asarray(open_array(path, k).read().result()) for k in names}

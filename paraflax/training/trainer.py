@@ -6,9 +6,10 @@
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
     loss.png        training and validation loss against step
     checkpoints/    params + optimizer state + data-iterator state per saved step
-and resumes from the latest checkpoint there when one exists. Step `s` (0-based) consumes
-the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a resumed run
-repeats an uninterrupted one exactly (no RNG state is saved).
+and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
+set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
+(0-based) consumes the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a
+resumed run repeats an uninterrupted one exactly (no RNG state is saved).
 
 With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
 axis rules of `sharding.py`), each batch is split over its data axes, and the same pure
@@ -22,12 +23,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
@@ -39,6 +38,7 @@ from paraflax.data.pipeline import prepare_stdlib, train_iterator, validation_ba
 from paraflax import sharding
 from paraflax.config import ModelConfig
 from paraflax.data.tokenizer import Tokenizer
+from paraflax.json_io import read_json, write_json
 from paraflax.model import Transformer
 from paraflax.training import optim
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
@@ -147,17 +147,10 @@ def _keys(seed: int):
   return jax.random.split(jax.random.key(seed), 2)
 
 
-def write_json(path: Path, obj: Any) -> None:
-  """Write JSON atomically (a killed run never leaves half a file)."""
-  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  tmp.write_text(json.dumps(obj, indent=2) + "\n")
-  os.replace(tmp, path)
-
-
 def _check_workdir(cfg: TrainConfig, workdir: Path, tokenizer: Tokenizer) -> None:
   """Refuse to resume a run trained with a different config or tokenizer."""
   if (workdir / CONFIG).is_file():
-    saved = TrainConfig.from_dict(json.loads((workdir / CONFIG).read_text()))
+    saved = TrainConfig.from_dict(read_json(workdir / CONFIG))
     diffs = config_differences(saved, cfg)
     if diffs:
       raise ValueError(f"config mismatch: workdir {str(workdir)!r} holds a run with a different "
@@ -208,9 +201,9 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   val = [place(with_step(b, cfg.steps)) for b in val[:cfg.eval_batches]]  # end of curricula
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
-  start = ckpt.latest_step() or 0
-  if start:
-    params, opt_state, data_state = ckpt.restore(start, params, opt_state)
+  start, restored = ckpt.restore_latest(params, opt_state)  # the newest intact step
+  if restored is not None:
+    params, opt_state, data_state = restored
     it.set_state(data_state)
   log = MetricsLog(workdir / METRICS, resume_step=start) if main else _NoLog()
   target = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
@@ -336,7 +329,11 @@ def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.Pat
 
 def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None):
   """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
-  restored straight onto `mesh` (any shape, whatever mesh trained it) when given."""
+  restored straight onto `mesh` (any shape, whatever mesh trained it) when given.
+
+  The params files are verified against the step's checksums first: a file that differs is a
+  `ChecksumError` naming it (no fallback here: resuming a run falls back, loading does not);
+  a checkpoint saved without checksums loads with a `ChecksumWarning`."""
   workdir = Path(workdir).expanduser()
   if not workdir.is_dir():
     raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")
@@ -344,7 +341,7 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
     if not (workdir / name).is_file():
       raise FileNotFoundError(f"{str(workdir / name)!r} not found: {str(workdir)!r} is not a "
                               "paraflax training workdir")
-  cfg = TrainConfig.from_dict(json.loads((workdir / CONFIG).read_text()))
+  cfg = TrainConfig.from_dict(read_json(workdir / CONFIG))
   tokenizer = Tokenizer.load(workdir / TOKENIZER)
   steps = []
   if (workdir / CHECKPOINTS).is_dir():
@@ -358,6 +355,8 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
       nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
   if mesh is not None:
     params_like = sharding.abstract_state(params_like, mesh)
-  params = ckpt.restore_params(step, params_like)
-  ckpt.close()
+  try:
+    params = ckpt.restore_params(step, params_like)
+  finally:
+    ckpt.close()
   return nnx.merge(graphdef, params), tokenizer, cfg

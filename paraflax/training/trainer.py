@@ -208,9 +208,10 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   Summary keys: workdir, step, start_step, train_loss, val_loss, tokens_per_s,
   train_seconds, n_params.
 
-  Nothing is written before every check passed (config, mesh on these devices, data,
-  tokenizer of `init_from`, a resumed workdir's config), and the run holds the workdir's
-  lock (`lock.py`) throughout: a second run on it gets `LockedError` naming this one.
+  The run holds the workdir's lock (`lock.py`) throughout: a second run there gets
+  `LockedError` naming this one. Before the lock, the config and the mesh (it must fit
+  these devices) are checked; after it, the data, the tokenizer of `init_from` and a
+  resumed workdir's config: a failing check leaves at most the lock file behind.
   """
   cfg = with_resolved_paths(cfg)
   workdir = Path(workdir).expanduser().absolute()

@@ -84,7 +84,9 @@ class Tokenizer:
     return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
   def fingerprint(self) -> str:
-    """sha1 of the serialized tokenizer: equal fingerprints encode identically."""
+    """sha1 of the serialized tokenizer (vocabulary, merges, added and special tokens,
+    normalizer, pre-tokenizer, post-processor, decoder, truncation and padding): equal
+    fingerprints encode identically. Ours and Hugging Face ones (`load_hf_tokenizer`) alike."""
     return hashlib.sha1(self._hf.to_str().encode("utf-8")).hexdigest()
 
   def save(self, path: str | os.PathLike) -> Path:

@@ -10,13 +10,14 @@ import ast
 import dataclasses
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.sharding import MeshConfig
+from paraflax.training import fields
 from paraflax.training.deer import TeacherData
 from paraflax.training.jacobi_forcing import TrajectoryData
 
@@ -89,6 +90,16 @@ class TrainConfig:
   teacher: TeacherData | None = None  # train on a DEER teacher store instead
 
   def __post_init__(self):
+    for name, cls in (("trajectories", TrajectoryData), ("teacher", TeacherData)):
+      value = getattr(self, name)
+      if isinstance(value, Mapping):  # from JSON or an override
+        object.__setattr__(self, name, _build(cls, value, name))
+    if self.mesh is not None:
+      object.__setattr__(self, "mesh", _mesh(self.mesh))
+    args = self.objective_args
+    pairs = tuple(sorted((dict(args) if not isinstance(args, Mapping) else args).items()))
+    object.__setattr__(self, "objective_args", pairs)
+    fields.check_fields(self)  # types first: the checks below compare numbers
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -96,10 +107,6 @@ class TrainConfig:
       raise ValueError(f"TrainConfig.eval_batches must be >= 1 or None, got {self.eval_batches}")
     if not 0 <= self.seed < 2**31:
       raise ValueError(f"TrainConfig.seed must be in [0, 2**31), got {self.seed}")
-    if self.trajectories is not None and not isinstance(self.trajectories, TrajectoryData):
-      object.__setattr__(self, "trajectories", TrajectoryData(**self.trajectories))
-    if self.teacher is not None and not isinstance(self.teacher, TeacherData):
-      object.__setattr__(self, "teacher", TeacherData(**self.teacher))
     if self.trajectories is not None and self.teacher is not None:
       raise ValueError("TrainConfig takes one data source: trajectories or teacher, not both")
     if self.data.seq_len > self.model.max_seq_len:
@@ -109,11 +116,6 @@ class TrainConfig:
     if self.data.vocab_size > self.model.vocab_size:
       raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
                        f"model.vocab_size={self.model.vocab_size}")
-    if self.mesh is not None:
-      object.__setattr__(self, "mesh", MeshConfig.of(self.mesh))
-    args = self.objective_args
-    pairs = tuple(sorted((dict(args) if not isinstance(args, Mapping) else args).items()))
-    object.__setattr__(self, "objective_args", pairs)
     from paraflax.training.objectives import OBJECTIVES  # registry filled at import
     if self.objective not in OBJECTIVES:
       raise ValueError(f"unknown objective {self.objective!r}; registered: {sorted(OBJECTIVES)}")
@@ -142,10 +144,46 @@ class TrainConfig:
                optim=OptimConfig(**d.pop("optim")), **d)
 
 
+def _build(cls, value: Mapping, name: str):
+  try:
+    return cls(**value)
+  except TypeError as e:  # an unknown or missing field
+    raise ValueError(f"config field {name!r}: {e}") from None
+
+
+def _mesh(spec) -> MeshConfig:
+  if isinstance(spec, (str, bytes)) or not isinstance(spec, (MeshConfig, Mapping, Sequence)):
+    raise ValueError(f"config field 'mesh' must be a MeshConfig, (data, fsdp, tensor) sizes or "
+                     f"a mapping of them, got {spec!r}")
+  try:
+    return MeshConfig.of(spec)
+  except TypeError as e:
+    raise ValueError(f"config field 'mesh': {e}") from None
+
+
 # Fields that do not change what is trained: they may differ when a run resumes.
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
                          "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor"})
+
+# Fields naming directories: compared (and saved) resolved, however they were spelled.
+PATH_FIELDS = ("init_from", "trajectories.path", "teacher.path")
+
+
+def resolve_path(path: str) -> str:
+  """`path` absolute, without `~`, `..`, symlinks or a trailing `/`."""
+  return str(Path(path).expanduser().resolve())
+
+
+def with_resolved_paths(cfg: TrainConfig) -> TrainConfig:
+  """`cfg` with every `PATH_FIELDS` entry that is set resolved (`resolve_path`)."""
+  def get(dotted):
+    obj = cfg
+    for name in dotted.split("."):
+      obj = None if obj is None else getattr(obj, name)
+    return obj
+  paths = {k: get(k) for k in PATH_FIELDS}
+  return apply_overrides(cfg, {k: resolve_path(v) for k, v in paths.items() if v is not None})
 
 
 def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -159,39 +197,74 @@ def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: TrainConfig, given: TrainConfig) -> list[str]:
-  """Fields (dotted) that change what is trained, as 'field: saved vs given' lines."""
-  a, b = _flatten(saved.to_dict()), _flatten(given.to_dict())
+  """Fields (dotted) that change what is trained, as 'field: saved vs given' lines (paths
+  compared resolved)."""
+  a, b = (_flatten(with_resolved_paths(c).to_dict()) for c in (saved, given))
   a["optim.total_steps"], b["optim.total_steps"] = saved.schedule_steps, given.schedule_steps
   return [f"{k}: {a.get(k)!r} (saved) vs {b.get(k)!r} (given)"
           for k in sorted(set(a) | set(b)) if k not in RUN_CONTROL and a.get(k) != b.get(k)]
 
 
-def _parse(value: Any) -> Any:
+def _parse(value: Any, annotation) -> Any:
+  """An override's value: a Python literal when the string is one ("1e-3", "None", "(1, 2)");
+  for a string field, the string itself unless it is a quoted string or None; for a float
+  field, an int as a float."""
   if not isinstance(value, str):
     return value
   try:
-    return ast.literal_eval(value)
+    parsed = ast.literal_eval(value)
   except (ValueError, SyntaxError):
     return value  # a bare string such as a path
+  kinds = fields.options(annotation)
+  if str in kinds and not isinstance(parsed, str):
+    return None if parsed is None and type(None) in kinds else value
+  if float in kinds and type(parsed) is int:
+    return float(parsed)
+  return parsed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Set:
+  value: Any
 
 
 def apply_overrides(cfg, overrides: Mapping[str, Any] | None):
-  """`dataclasses.replace` by dotted names: `{"data.cache_dir": "/tmp/c", "steps": "50"}`.
+  """`cfg` with dotted overrides: `{"data.cache_dir": "/tmp/c", "steps": "50"}`.
 
   String values are parsed as Python literals when they are one ("1e-3", "None", "(1, 2)").
+  Each value is type-checked against its field's annotation, then all of them are applied
+  together: each config is rebuilt once, so its checks see every override at once (their
+  order does not matter) and run once. Errors are one-line ValueErrors naming the field.
   """
+  tree: dict[str, Any] = {}
   for key, value in (overrides or {}).items():
-    cfg = _replace_path(cfg, key.split("."), _parse(value), key)
-  return cfg
+    obj, node, names = cfg, tree, key.split(".")
+    for i, name in enumerate(names):
+      known = {f.name for f in dataclasses.fields(obj)}
+      if name not in known:
+        raise ValueError(f"unknown config field {key!r}: {type(obj).__name__} has {sorted(known)}")
+      if i == len(names) - 1:
+        if isinstance(node.get(name), dict):
+          raise ValueError(f"config field {key!r} is set both whole and by its fields")
+        value = _parse(value, fields.field_types(type(obj))[name])
+        fields.check_value(type(obj), name, value, key, loose=True)
+        node[name] = _Set(value)
+        break
+      if isinstance(node.get(name), _Set):
+        raise ValueError(f"config field {'.'.join(names[:i + 1])!r} is set both whole and by "
+                         "its fields")
+      obj = getattr(obj, name)
+      if not dataclasses.is_dataclass(obj):
+        raise ValueError(f"cannot set {key!r}: {'.'.join(names[:i + 1])} is {obj!r}, not a "
+                         "config; set it whole")
+      node = node.setdefault(name, {})
+  return _rebuild(cfg, tree)
 
 
-def _replace_path(obj, path: list[str], value: Any, key: str):
-  names = {f.name for f in dataclasses.fields(obj)}
-  if path[0] not in names:
-    raise ValueError(f"unknown config field {key!r}: {type(obj).__name__} has {sorted(names)}")
-  if len(path) > 1:
-    value = _replace_path(getattr(obj, path[0]), path[1:], value, key)
-  return dataclasses.replace(obj, **{path[0]: value})
+def _rebuild(obj, tree: Mapping[str, Any]):
+  changes = {k: v.value if isinstance(v, _Set) else _rebuild(getattr(obj, k), v)
+             for k, v in tree.items()}
+  return dataclasses.replace(obj, **changes) if changes else obj
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:

@@ -4,13 +4,15 @@ the DEER teacher store (`teacher.py`).
 
 A store is a directory:
     meta.json       the settings it was made with (`examples`, `batch_size`, ...): a store made
-                    with other settings is refused, never mixed
+                    with other settings is refused, never mixed (its `source` model
+                    directory compared resolved, however it was spelled)
     tokenizer.json  the tokenizer of the model that made it
     progress.json   {"batches": k}: the first k batches are on disk (filling resumes there)
     <name>/         one zarr int32 array per name, `[examples, ...]`, chunked by batch
     checksums.jsonl size and crc32 of the files (`paraflax.checksums`): one line for the files
                     made with the store, then one per batch for the chunk files it wrote,
                     appended before progress.json advances; verified by `read_store`
+    paraflax.lock   held while a command fills the store (`writing`, `lock.py`)
 
 Stores are written by one process (the commands that make them run on one host).
 """
@@ -30,6 +32,8 @@ from tqdm.auto import tqdm
 
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.json_io import read_json, write_json
+from paraflax.training import lock
+from paraflax.training.config import resolve_path
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
@@ -66,6 +70,17 @@ def num_batches(meta: Mapping) -> int:
   return -(-meta["examples"] // meta["batch_size"])
 
 
+def writing(out: Path, *, what: str):
+  """The lock a command holds while it fills the store `out` (one writer per store)."""
+  return lock.hold(out, what=what)
+
+
+def _resolved(meta: Mapping) -> dict:
+  """`meta` with its `source` directory resolved (see `config.resolve_path`)."""
+  source = meta.get("source")
+  return {**meta, "source": resolve_path(source)} if source else dict(meta)
+
+
 def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
                what: str) -> tuple[dict, int]:
   """(arrays by name, batches already on disk) of the store at `out`.
@@ -74,9 +89,9 @@ def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
   made with other settings is refused; anything else starts afresh: empty arrays of
   `shapes[name] = (shape, chunk)`, meta.json, tokenizer.json and progress 0.
   """
-  done = 0
+  done, meta = 0, _resolved(meta)
   if (out / META).is_file() and (out / PROGRESS).is_file():
-    old = read_json(out / META)
+    old = _resolved(read_json(out / META))
     if old != meta:
       diff = sorted(k for k in set(meta) | set(old) if old.get(k) != meta.get(k))
       raise ValueError(f"{str(out)!r} holds a {what} made with other settings "

@@ -68,7 +68,6 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: T
           "tokenizer": tokenizer.fingerprint()}
   shapes = {"prompts": ((cfg.examples, p), (bs, p)), "prompt_lens": ((cfg.examples,), (bs,)),
             "answers": ((cfg.examples, a), (bs, a))}
-  arrays, done = store.open_store(out, meta, shapes, tokenizer, what="teacher store")
   prompts, lens = training_prompts(tokens, cfg)
 
   def make(i, lo, hi):
@@ -76,7 +75,9 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: T
     answers = greedy_answers(model, pb, lb, a)
     return {"prompts": prompts[lo:hi], "prompt_lens": lens[lo:hi], "answers": answers[:hi - lo]}
 
-  store.fill(out, arrays, meta, done, make, desc=f"teacher answers A={a}", progress=progress)
+  with store.writing(out, what="teacher store"):
+    arrays, done = store.open_store(out, meta, shapes, tokenizer, what="teacher store")
+    store.fill(out, arrays, meta, done, make, desc=f"teacher answers A={a}", progress=progress)
   return out
 
 

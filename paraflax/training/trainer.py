@@ -6,6 +6,7 @@
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
     loss.png        training and validation loss against step
     checkpoints/    params + optimizer state + data-iterator state per saved step
+    paraflax.lock   held by the run writing here: a second one is refused (`lock.py`)
 and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
 (0-based) consumes the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a
@@ -34,15 +35,17 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from paraflax.data.corpus import corpus_name
 from paraflax.data.pipeline import prepare_stdlib, train_iterator, validation_batches
 from paraflax import sharding
 from paraflax.config import ModelConfig
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import read_json, write_json
 from paraflax.model import Transformer
-from paraflax.training import optim
+from paraflax.training import lock, optim
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
-from paraflax.training.config import TrainConfig, apply_overrides, config_differences, load_config
+from paraflax.training.config import (TrainConfig, apply_overrides, config_differences, load_config,
+                                      with_resolved_paths)
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
 from paraflax.training.objectives import OBJECTIVES, get_objective
 
@@ -163,26 +166,67 @@ def _check_workdir(cfg: TrainConfig, workdir: Path, tokenizer: Tokenizer) -> Non
                        "built from the data config (did the corpus change?); use a fresh workdir")
 
 
+def _tokenizer_source(cfg: TrainConfig) -> str:
+  """Where this run's tokenizer comes from, for messages."""
+  for kind, store in (("trajectory", cfg.trajectories), ("teacher", cfg.teacher)):
+    if store is not None:
+      return f"{str(Path(store.path) / TOKENIZER)!r} (the {kind} store's)"
+  name = corpus_name(cfg.data.val_fraction, cfg.data.max_files)
+  return (f"the tokenizer trained on the data config's corpus {name} "
+          f"(data.vocab_size={cfg.data.vocab_size}, cached in {cfg.data.cache_dir!r})")
+
+
+def _check_init_from(cfg: TrainConfig, tokenizer: Tokenizer) -> None:
+  """Refuse `init_from` weights learnt on other token ids than this run's data."""
+  if cfg.init_from is None:
+    return
+  file = Path(cfg.init_from) / TOKENIZER
+  if not file.is_file():
+    raise FileNotFoundError(f"init_from={cfg.init_from!r}: {str(file)!r} not found (not a "
+                            "training workdir or `paraflax convert` output)")
+  theirs = Tokenizer.load(file)
+  if theirs.fingerprint() != tokenizer.fingerprint():
+    raise ValueError(
+        f"tokenizer mismatch: init_from's weights were trained with {str(file)!r} (vocab "
+        f"{theirs.vocab_size}, fingerprint {theirs.fingerprint()[:12]}) but this run's data is "
+        f"tokenized with {_tokenizer_source(cfg)} (vocab {tokenizer.vocab_size}, fingerprint "
+        f"{tokenizer.fingerprint()[:12]}); train on data made with init_from's tokenizer "
+        "(e.g. a store collected from it) or drop init_from")
+
+
 def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True,
           max_steps: int | None = None) -> dict:
   """Train (or resume) to `cfg.steps` (or `max_steps`, same schedule); return a summary dict.
 
   Summary keys: workdir, step, start_step, train_loss, val_loss, tokens_per_s,
   train_seconds, n_params.
+
+  The run holds the workdir's lock (`lock.py`) throughout: a second run there gets
+  `LockedError` naming this one. Before the lock, the config and the mesh (it must fit
+  these devices) are checked; after it, the data, the tokenizer of `init_from` and a
+  resumed workdir's config: a failing check leaves at most the lock file behind.
   """
+  cfg = with_resolved_paths(cfg)
   workdir = Path(workdir).expanduser().absolute()
+  loss_fn = get_objective(cfg.objective, cfg.objective_args)
+  mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)  # fits the devices?
+  with lock.hold(workdir, what="training workdir"):
+    return _train(cfg, workdir, loss_fn, mesh, progress=progress, max_steps=max_steps)
+
+
+def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
+           max_steps: int | None) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
-  loss_fn = get_objective(cfg.objective, cfg.objective_args)
   it, val, tokenizer = _data(cfg, progress)
   cfg.check_tokenizer(tokenizer)
   _check_workdir(cfg, workdir, tokenizer)
+  _check_init_from(cfg, tokenizer)
   if main:
     write_json(workdir / CONFIG, cfg.to_dict())
     tokenizer.save(workdir / TOKENIZER)
 
-  mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
   place_key = (lambda k: k) if mesh is None else (
       lambda k: sharding.put(k, sharding.replicated(mesh)))

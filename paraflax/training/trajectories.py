@@ -119,7 +119,6 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
             "prompt_lens": ((cfg.examples,), (bs,)),
             "trajectories": ((cfg.examples, nb, n + 1, n), (bs, nb, n + 1, n)),
             "iterations": ((cfg.examples, nb), (bs, nb))}
-  arrays, done = store.open_store(out, meta, shapes, tokenizer, what="trajectory store")
   prompts, lens = training_prompts(tokens, cfg)
   fwd = Forward.of(model)
   key = jax.random.key(cfg.seed)
@@ -132,8 +131,10 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
     return {"prompts": prompts[lo:hi], "prompt_lens": lens[lo:hi],
             "trajectories": traj[:hi - lo], "iterations": iters[:hi - lo]}
 
-  store.fill(out, arrays, meta, done, make, desc=f"trajectories n={n}", progress=progress,
-             postfix=lambda r: {"iters_per_block": f"{r['iterations'].mean():.1f}/{n}"})
+  with store.writing(out, what="trajectory store"):
+    arrays, done = store.open_store(out, meta, shapes, tokenizer, what="trajectory store")
+    store.fill(out, arrays, meta, done, make, desc=f"trajectories n={n}", progress=progress,
+               postfix=lambda r: {"iters_per_block": f"{r['iterations'].mean():.1f}/{n}"})
   return out
 
 

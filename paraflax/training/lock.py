@@ -1,0 +1,97 @@
+"""One writer per directory: an exclusive OS advisory lock on `<dir>/paraflax.lock`.
+
+`train` holds it on its workdir for the whole run, `collect-trajectories` and `teacher-data`
+on the store they fill (on multi-host runs, process 0 holds it). A second writer, in another
+process or this one, gets `LockedError`: one line naming the holder's pid and host.
+
+The lock is `fcntl.flock` on the file, so the kernel drops it when the holder exits however
+it exits (kill -9 included): a stale lock file never blocks a later run. The file's content,
+`{"pid", "host", "since"}` of the holder, only serves the refusal message. Readers
+(`load_trained`, reading a finished store) take no lock. On a filesystem without locks (some
+FUSE mounts) the run goes on with a warning instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+
+LOCK = "paraflax.lock"
+
+
+class LockedError(ValueError):
+  """The directory is being written by another run (a ValueError: a user error, one line)."""
+
+
+class DirLock:
+  """Exclusive lock on `directory` (created if missing); a context manager."""
+
+  def __init__(self, directory: str | os.PathLike, *, what: str = "directory"):
+    self.directory = Path(directory)
+    self.path = self.directory / LOCK
+    self.what = what
+    self._fd: int | None = None
+
+  def acquire(self) -> DirLock:
+    if self._fd is not None:
+      raise RuntimeError(f"{self.path} is already held by this DirLock")
+    self.directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncate the holder's note
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      note = _read(fd)
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise LockedError(f"{self.what} {str(self.directory)!r} is in use by another run "
+                          f"({_describe(note)}); wait for it to end or use another "
+                          "directory") from None
+      warnings.warn(f"could not lock {str(self.path)!r} ({e}): a second run on this "
+                    f"{self.what} would not be detected", stacklevel=2)
+      return self
+    note = {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)  # no misleading note once nobody holds it
+      os.close(self._fd)  # closing the descriptor drops the lock
+      self._fd = None
+
+  def __enter__(self) -> DirLock:
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def hold(directory: str | os.PathLike, *, what: str):
+  """`DirLock(directory)` on process 0, nothing on the other processes of a multi-host run."""
+  import jax
+  if jax.process_index() != 0:
+    return contextlib.nullcontext()
+  return DirLock(directory, what=what)
+
+
+def _read(fd: int) -> dict:
+  try:
+    return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+  except (OSError, ValueError):
+    return {}
+
+
+def _describe(note: dict) -> str:
+  if "pid" not in note:
+    return "its pid is not recorded yet"
+  return f"pid {note['pid']} on host {note.get('host', '?')}, since {note.get('since', '?')}"

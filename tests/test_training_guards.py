@@ -1,0 +1,145 @@
+"""No poisoned workdirs (DESIGN invariants 7 and 9): a config value of the wrong type or a mesh
+that does not fit the devices is refused in one line before anything is written, so the next
+correct run goes; overrides apply together whatever their order; an `init_from` whose
+tokenizer differs from the run's is refused naming both (a `paraflax convert` output holds a
+Hugging Face tokenizer); directories compare resolved, however they are spelled."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from paraflax import cli
+from paraflax.data.pipeline import prepare_stdlib
+from paraflax.data.tokenizer import train_tokenizer
+from paraflax.hf import convert_hf, export_hf
+from paraflax.training import apply_overrides, load_config, train, train_from_config_path
+from paraflax.training import teacher as tch
+from paraflax.training.__main__ import main as training_main
+from paraflax.training.config import config_differences, with_resolved_paths
+from paraflax.training.deer import TeacherData
+from paraflax.training.trainer import init_params
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "micro_ar.py")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture(scope="module")
+def micro(data_dir):
+  cfg = load_config(CONFIG)
+  return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=str(data_dir),
+                                                           progress=False))
+
+
+@pytest.mark.fast
+def test_bad_values_and_meshes_write_nothing_and_the_next_run_goes(data_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+  run, cache = tmp_path / "run", f"data.cache_dir={data_dir}"
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  too_many = jax.device_count() + 1
+  for bad, says in [("steps=2.5", "config field 'steps' must be an int, got 2.5 (float)"),
+                    ("steps=abc", "config field 'steps' must be an int, got 'abc' (str)"),
+                    ("optim.total_steps=2.5", "'optim.total_steps' must be an int or None"),
+                    (f"mesh={too_many},1,1", f"needs {too_many} devices")]:
+    assert cli.main(["train", "--config", CONFIG, "--workdir", str(run), "--set", bad,
+                     "--set", cache]) == 2, bad
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("paraflax train: error:") and says in err and "\n" not in err, err
+    assert not run.exists(), bad  # nothing written, not even the directory
+  assert training_main(["--config", CONFIG, "--workdir", str(run), "--set", "steps=abc"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "'steps' must be an int" in err and "\n" not in err and not run.exists()
+  summary = train_from_config_path(CONFIG, run, overrides={"data.cache_dir": str(data_dir),
+                                   "data.progress": "False"}, progress=False, max_steps=0)
+  assert summary["step"] == 0 and json.loads((run / "config.json").read_text())["steps"] == 40
+
+
+@pytest.mark.fast
+def test_overrides_apply_together_whatever_their_order_and_types_are_checked(micro):
+  longer = {"data.seq_len": "128", "model.max_seq_len": "128"}
+  a = apply_overrides(micro, longer)
+  assert a == apply_overrides(micro, dict(reversed(longer.items())))
+  assert (a.data.seq_len, a.model.max_seq_len) == (128, 128)
+  with pytest.raises(ValueError, match=r"data.seq_len=128 is above the model's max_seq_len=64"):
+    apply_overrides(micro, {"data.seq_len": "128"})  # the checks still run, once, on the whole
+  b = apply_overrides(micro, {"optim.peak_lr": "1", "data.max_files": "None",
+                              "data.cache_dir": "123", "eval_batches": "None"})
+  assert (b.optim.peak_lr, b.data.max_files, b.data.cache_dir, b.eval_batches) == (
+      1.0, None, "123", None)
+  assert type(b.optim.peak_lr) is float
+  for bad, says in [({"model.two_stream": "1"}, "'model.two_stream' must be True or False"),
+                    ({"log_every": "True"}, "'log_every' must be an int, got True"),
+                    ({"model.vocab_size": "320.0"}, "'model.vocab_size' must be an int"),
+                    ({"teacher.path": "x"}, "teacher is None, not a config; set it whole"),
+                    ({"mesh": "(1, 1, 1)", "mesh.data": "1"}, "set both whole and by its")]:
+    with pytest.raises(ValueError, match=says):
+      apply_overrides(micro, bad)
+  with pytest.raises(ValueError, match=r"'steps' must be an int, got 2.5"):
+    dataclasses.replace(micro, steps=2.5)  # library users too, not only the command line
+  with pytest.raises(ValueError, match=r"'data.seq_len' must be an int, got 32.0"):
+    dataclasses.replace(micro, data=dataclasses.replace(micro.data, seq_len=32.0))
+
+
+def _converted(model, tokenizer, path: Path) -> Path:
+  """A `paraflax convert` output of `model` exported with `tokenizer` (an HF directory)."""
+  export_hf(model, path.with_name(path.name + "-hf"), tokenizer=tokenizer)
+  convert_hf(path.with_name(path.name + "-hf"), path)
+  return path
+
+
+@pytest.mark.fast
+def test_init_from_across_two_tokenizers_is_refused_naming_both(micro, tmp_path):
+  ours = prepare_stdlib(micro.data).tokenizer  # what this run's data is tokenized with
+  other = train_tokenizer(["def add(a, b):\n    return a + b\n"] * 20, 300)
+  model = nnx.merge(*init_params(micro.model, 0))
+  same, foreign = (_converted(model, tok, tmp_path / name)
+                   for tok, name in ((ours, "same"), (other, "other")))
+  with pytest.raises(ValueError, match=(
+      rf"tokenizer mismatch: init_from's weights were trained with '{foreign}/tokenizer.json' "
+      rf"\(vocab {other.vocab_size}, .*but this run's data is tokenized with the tokenizer "
+      rf"trained on .*data.vocab_size=320.*\(vocab 320, ")):
+    train(dataclasses.replace(micro, init_from=str(foreign)), tmp_path / "run", progress=False)
+  assert not (tmp_path / "run" / "config.json").exists()
+  summary = train(dataclasses.replace(micro, init_from=str(same)), tmp_path / "run",
+                  progress=False, max_steps=0)
+  assert summary["step"] == 0 and summary["n_params"] > 0
+
+
+@pytest.mark.fast
+def test_directories_compare_resolved_however_spelled(micro, model, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "src").mkdir()
+  rel = dataclasses.replace(micro, init_from="src/", teacher=TeacherData(path="./store/"))
+  abs_ = dataclasses.replace(micro, init_from=str(tmp_path / "src"),
+                             teacher=TeacherData(path=str(tmp_path / "store")))
+  assert config_differences(rel, abs_) == []
+  assert config_differences(rel, dataclasses.replace(abs_, init_from=str(tmp_path))) != []
+  assert with_resolved_paths(rel) == abs_  # what `train` saves and compares
+  # a store resumed with its source model spelled another way is the same store
+  stream = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
+  cfg = tch.TeacherConfig(examples=10, answer_len=5, min_prompt_len=2, max_prompt_len=7,
+                          batch_size=4)  # test_deer_training's: its compilation is reused
+  whole = tch.load(tch.collect(model, _Tok(), stream, "store", cfg, source="src/",
+                               progress=False))
+  assert whole.meta["source"] == str(tmp_path / "src")
+  again = tch.load(tch.collect(model, _Tok(), stream, tmp_path / "store/", cfg,
+                               source=str(tmp_path / "src"), progress=False))
+  np.testing.assert_array_equal(again.answers, whole.answers)
+  with pytest.raises(ValueError, match=r"other settings \(source\)"):
+    tch.collect(model, _Tok(), stream, "store", cfg, source=str(tmp_path), progress=False)
+
+
+class _Tok:
+  def fingerprint(self):
+    return "micro"
+
+  def save(self, path):
+    path.write_text("{}")

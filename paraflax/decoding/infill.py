@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from paraflax.decoding import assd
+from paraflax.decoding import assd, checks
 from paraflax.decoding.assd import HOLE, AnyOrder, InfillOutput
 from paraflax.decoding.generate import TRACES
 from paraflax.decoding.state import Forward
@@ -66,9 +66,10 @@ def infill(model, tokens_with_holes, decoder=None, rng=None, *, loop: str = "whi
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
   decoder.validate(model.cfg)
-  canvas = jax.numpy.asarray(prepare_canvas(tokens_with_holes, model.cfg))
+  canvas = prepare_canvas(tokens_with_holes, model.cfg)
+  rng = checks.key(rng, decoder)
+  canvas = jax.numpy.asarray(canvas)
   fwd = Forward.of(model)
-  rng = jax.random.key(0) if rng is None else rng
   if loop == "while":
     return _infill_while(fwd, decoder, canvas, rng)
   state = _init(fwd, decoder, canvas, rng)

@@ -426,6 +426,9 @@ def main(argv=None) -> int:
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
     print(f"paraflax {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was kept; 128 + SIGINT
+    print(f"paraflax {args.command}: {e or 'interrupted'}", file=sys.stderr)
+    return 130
   return 0
 
 

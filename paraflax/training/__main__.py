@@ -43,9 +43,13 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   distributed.initialize_from_args(args)
 
-  summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
-                                   overrides=parse_overrides(args.overrides),
-                                   progress=not args.no_progress, max_steps=args.max_steps)
+  try:
+    summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
+                                     overrides=parse_overrides(args.overrides),
+                                     progress=not args.no_progress, max_steps=args.max_steps)
+  except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was saved; 128 + SIGINT
+    print(f"{parser.prog}: {e or 'interrupted'}", file=sys.stderr)
+    return 130
   if jax.process_index() == 0:  # one summary per run, not per host
     print(json.dumps(summary))
   return 0

@@ -21,6 +21,7 @@ import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
 
+from paraflax.training.interrupt import Interrupted
 from paraflax.training.trainer import write_json
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
@@ -95,16 +96,22 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
   total, bs = num_batches(meta), meta["batch_size"]
   bar = tqdm(total=total, initial=done, desc=desc, unit="batch", disable=not progress,
              dynamic_ncols=True)
-  for i in range(done, total):
-    lo, hi = i * bs, min((i + 1) * bs, meta["examples"])
-    rows = make(i, lo, hi)
-    for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
-      w.result()
-    write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
-    bar.update(1)
-    if postfix is not None:
-      bar.set_postfix(**postfix(rows))
-  bar.close()
+  try:
+    for i in range(done, total):
+      lo, hi = i * bs, min((i + 1) * bs, meta["examples"])
+      rows = make(i, lo, hi)
+      for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
+        w.result()
+      write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
+      bar.update(1)
+      if postfix is not None:
+        bar.set_postfix(**postfix(rows))
+  except KeyboardInterrupt:  # Ctrl-C: what progress.json says is on disk is kept
+    kept = json.loads((out / PROGRESS).read_text())["batches"]
+    raise Interrupted(f"interrupted: {kept} of {total} batches are kept in {out}; run the "
+                      "same command again to resume") from None
+  finally:
+    bar.close()
 
 
 def read_store(path: str | os.PathLike, names, *, what: str,

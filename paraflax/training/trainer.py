@@ -40,7 +40,7 @@ from paraflax import sharding
 from paraflax.config import ModelConfig
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.model import Transformer
-from paraflax.training import optim
+from paraflax.training import interrupt, optim
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, config_differences, load_config
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
@@ -227,12 +227,17 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
 
   summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
              "val_loss": None, "tokens_per_s": None, "train_seconds": 0.0, "n_params": n_params}
-  bar = None
+  bar, saved, guard = None, start, contextlib.ExitStack()
   try:
+    # Ctrl-C stops between steps (with a save); not on several hosts, where one process alone
+    # would see it and could not save
+    stop = guard.enter_context(interrupt.deferred_sigint(jax.process_count() == 1))
     if start == 0 and target > 0:
       summary["val_loss"] = validate(0)
     compiled, meter = None, _Meter()
     for step in range(start, target):
+      if stop.requested:
+        _save_and_stop(ckpt, step, saved, params, opt_state, it)
       batch = with_step(next(it), step)
       rng = place_key(jax.random.fold_in(train_key, step))
       device_batch = place(batch)
@@ -258,9 +263,11 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
       if done % cfg.checkpoint_every == 0 or done == target:
         with meter.paused():
           ckpt.save(done, params, opt_state, it.get_state())
+        saved = done
       bar.update(1)
       summary["step"] = done
   finally:
+    guard.close()
     if bar is not None:
       bar.close()
     log.close()
@@ -269,6 +276,17 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
   return summary
+
+
+def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):
+  """After Ctrl-C: save step `step` (params, optimizer state, data position) unless it is
+  saved already, then raise `interrupt.Interrupted` saying where."""
+  if step > saved:
+    ckpt.save(step, params, opt_state, it.get_state())
+  where = ckpt.directory / str(step) if step else None
+  raise interrupt.Interrupted(
+      f"interrupted at step {step}: saved {where}; run the same command again to resume"
+      if where else "interrupted before the first step: nothing to save")
 
 
 def _data(cfg: TrainConfig, progress: bool):

@@ -61,7 +61,8 @@ def infill(model, tokens_with_holes, decoder=None, rng=None, *, loop: str = "whi
   """Fill every HOLE of `tokens_with_holes` ([B, N] ints, or equal-length lists) with
   `decoder`: `AnyOrder()` (default, one call per token) or `ASSD(k)`. Holes are decided in
   ascending position order given every visible token (the lattice order); with a stochastic
-  sampler the output is a sample of the model's joint over the holes."""
+  sampler (`rng=jax.random.key(seed)` required) the output is a sample of the model's joint
+  over the holes."""
   decoder = AnyOrder() if decoder is None else decoder
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")

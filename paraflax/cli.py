@@ -16,7 +16,18 @@ CACHE = Path(os.environ.get("PARAFLAX_CACHE", "~/.cache/paraflax")).expanduser()
 
 
 def _sampler(args):
+  """The sampler of --temperature/--top-k/--top-p; a combination that would ignore a flag is
+  a ValueError (temperature 0 is greedy: no top-k or top-p; top-k and top-p are exclusive)."""
   from paraflax import sampling
+  if args.top_k < 0 or not 0 < args.top_p <= 1:
+    raise ValueError(f"--top-k must be >= 0 (0 = off) and --top-p in (0, 1] (1 = off), got "
+                     f"{args.top_k} and {args.top_p}")
+  if args.temperature == 0 and (args.top_k or args.top_p < 1):
+    flag = "--top-k" if args.top_k else "--top-p"
+    raise ValueError(f"{flag} needs --temperature > 0 (temperature 0 is greedy decoding, "
+                     f"which would ignore {flag})")
+  if args.top_k and args.top_p < 1:
+    raise ValueError("give --top-k or --top-p, not both")
   if args.temperature == 0:
     return sampling.Greedy()
   if args.top_k:
@@ -55,11 +66,13 @@ def cmd_generate(args):
   import jax
   from paraflax import decoders
   from paraflax.decoding.generate import generate
+  decoder = decoders.AR(_sampler(args))  # flag errors before loading the model
+  decoder.sampler.validate()
   model, tok, encode = load_model(args)
   prompt = encode(args.prompt)
   if not prompt:
     raise SystemExit("--prompt encodes to no tokens: give some text")
-  kw = dict(decoder=decoders.AR(_sampler(args)), max_new_tokens=args.max_new_tokens,
+  kw = dict(decoder=decoder, max_new_tokens=args.max_new_tokens,
             rng=jax.random.key(args.seed), eos_id=tok.eos_id)
   jax.block_until_ready(generate(model, [prompt], **kw).tokens)  # compile
   t0 = time.perf_counter()
@@ -424,6 +437,9 @@ def main(argv=None) -> int:
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
     print(f"paraflax {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was kept; 128 + SIGINT
+    print(f"paraflax {args.command}: {e or 'interrupted'}", file=sys.stderr)
+    return 130
   return 0
 
 

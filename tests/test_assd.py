@@ -114,6 +114,12 @@ def test_bad_inputs_are_clear_errors(asarm, model):
     pf.infill(asarm, [[1, HOLE], [1, HOLE, 2]])
   with pytest.raises(ValueError, match="two_stream=True"):
     pf.infill(model, canvas, ASSD(3))
+  sampled = ASSD(3, sampler=pf.Temperature(1.0))
+  with jax.transfer_guard("disallow"):
+    with pytest.raises(ValueError, match="ASSD with Temperature samples: pass rng="):
+      pf.infill(asarm, canvas, sampled)
+    with pytest.raises(ValueError, match="not the int 7"):
+      pf.infill(asarm, canvas, sampled, rng=7)
 
 
 def enumerated_infill_joint(model, sampler, canvas):

@@ -1,6 +1,7 @@
 """The `paraflax` command end to end on a micro run: train, generate text, bench JSON."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,23 @@ def test_user_errors_are_one_line(tmp_path, capsys):
   assert cli.main(["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("paraflax generate: error:") and "missing" in err and "\n" not in err
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("flags, match", [
+    (["--top-k", "5"], "--top-k needs --temperature > 0"),
+    (["--temperature", "0", "--top-p", "0.9"], "--top-p needs --temperature > 0"),
+    (["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9"], "--top-k or --top-p, not both"),
+    (["--temperature", "0.8", "--top-p", "1.5"], "--top-p in \\(0, 1\\]"),
+    (["--temperature", "-1"], "temperature must be > 0"),
+])
+def test_sampling_flags_that_would_be_ignored_are_refused(tmp_path, capsys, flags, match):
+  """Checked before the model loads (the workdir does not exist): one line, exit code 2."""
+  argv = ["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x", *flags]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("paraflax generate: error:") and "\n" not in err
+  assert re.search(match, err) and "missing" not in err
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """JSONL user data: both record kinds load; bad lines are named by file and line."""
 
+import gzip
 import json
 
 import pytest
@@ -54,3 +55,41 @@ def test_missing_and_empty_files(tmp_path):
   (tmp_path / "empty.jsonl").write_text("\n")
   with pytest.raises(ValueError, match="no records"):
     read_jsonl(tmp_path / "empty.jsonl")
+
+
+@pytest.mark.fast
+def test_invalid_utf8_names_file_line_and_column(tmp_path):
+  path = tmp_path / "latin1.jsonl"
+  path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+  with pytest.raises(ValueError, match="invalid UTF-8") as err:
+    read_jsonl(path)
+  assert str(err.value) == f"{path}:2: invalid UTF-8 (byte 0xe9 at column 14)"
+
+
+@pytest.mark.fast
+def test_gzip_files_load_and_corrupt_ones_name_file_and_line(tmp_path):
+  lines = [json.dumps({"text": f"doc {i} " + "x" * 200}) for i in range(400)]
+  good = tmp_path / "d.jsonl.gz"
+  good.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+  assert jsonl_documents(good) == [json.loads(line)["text"] for line in lines]
+  data = good.read_bytes()
+  truncated = tmp_path / "truncated.jsonl.gz"
+  truncated.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ValueError, match=f"^{truncated}:[0-9]+: corrupt gzip data"):
+    read_jsonl(truncated)
+  not_gzip = tmp_path / "plain.jsonl.gz"
+  not_gzip.write_text(lines[0] + "\n")
+  with pytest.raises(ValueError, match=f"^{not_gzip}:1: corrupt gzip data"):
+    read_jsonl(not_gzip)
+
+
+@pytest.mark.fast
+def test_duplicate_keys_are_refused_naming_file_line_and_key(tmp_path):
+  path = _write(tmp_path / "dup.jsonl", [json.dumps({"text": "a"}),
+                                         '{"prompt": "p", "response": "r", "prompt": "q"}'])
+  with pytest.raises(ValueError) as err:
+    read_jsonl(path)
+  assert str(err.value) == f"{path}:2: duplicate key 'prompt' in a JSON object"
+  nested = _write(tmp_path / "nested.jsonl", ['{"text": "a", "meta": {"id": 1, "id": 2}}'])
+  with pytest.raises(ValueError, match=f"{nested}:1: duplicate key 'id'"):
+    read_jsonl(nested)

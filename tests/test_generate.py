@@ -144,11 +144,54 @@ def test_sampled_ar_matches_the_enumerated_joint():
     (dict(prompts=[[1]], decoder=pf.decoders.AR(pf.TopP(1.5))), "top-p needs"),
     (dict(prompts=[[1]], decoder=pf.decoders.AR(pf.TopK(0))), "top-k needs k >= 1"),
     (dict(prompts=[[1]], loop="scan"), "loop must be"),
+    # no silent guesses: 1.7 is not token 1, True is not 1, a flat list is not a batch
+    (dict(prompts=[[5, 9], [3, 1.7]]), "prompt row 1 holds 1.7 \\(float\\) at position 1"),
+    (dict(prompts=[[5, True]]), "prompt row 0 holds True \\(bool\\)"),
+    (dict(prompts=np.array([[5.0, 9.0]])), "integer token ids, got a float64 array"),
+    (dict(prompts=[np.array([5.0])]), "prompt row 0 must hold integer token ids"),
+    (dict(prompts=[[1]], max_new_tokens=True), "max_new_tokens must be an int >= 1, got True"),
+    (dict(prompts=[[1]], max_new_tokens=4.0), "max_new_tokens must be an int >= 1, got 4.0"),
+    (dict(prompts=[5, 6, 7]), "prompts must be a list of token-id lists.*row 0 is int 5"),
+    (dict(prompts="def f():"), "prompts must be a list of token-id lists.*got str"),
+    (dict(prompts=np.array([5, 6])), "prompts must be a list of token-id lists.*shape \\(2,\\)"),
+    (dict(prompts=[[1]], eos_id=2.0), "eos_id must be an int or None, got 2.0"),
+    (dict(prompts=[[1]], eos_id=True), "eos_id must be an int or None, got True"),
+    (dict(prompts=[[1]], max_prompt_len=8.0), "max_prompt_len must be an int >= 1"),
+    (dict(prompts=np.ones((2, 4), np.int32), prompt_lengths=[1.5, 2]), "prompt_lengths must be ints"),
+    (dict(prompts=np.ones((2, 4), np.int32), prompt_lengths=[1, True]), "prompt_lengths must be ints"),
+    # a sampler needs a key: without one every call would give the same "samples"
+    (dict(prompts=[[1]], max_new_tokens=4, decoder=pf.decoders.AR(pf.TopK(5))),
+     "AR with TopK samples: pass rng=jax.random.key\\(seed\\)"),
+    (dict(prompts=[[1]], max_new_tokens=4, rng=3), "rng must be a JAX key: pass rng=jax.random.key\\(3\\)"),
+    (dict(prompts=[[1]], max_new_tokens=4, rng="0"), "rng must be a JAX key"),
+    (dict(prompts=[[1]], max_new_tokens=4, rng=np.zeros(3, np.float32)), "rng must be a JAX key"),
 ])
 def test_bad_input_is_a_clear_error_before_device_work(model, kwargs, match):
   prompts = kwargs.pop("prompts")
-  with pytest.raises(ValueError, match=match):
+  with jax.transfer_guard("disallow"), pytest.raises(ValueError, match=match) as err:
     pf.generate(model, prompts, **kwargs)
+  assert "\n" not in str(err.value)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("make", [lambda: jax.random.split(jax.random.key(0), 2),
+                                  lambda: jax.random.split(jax.random.PRNGKey(0), 2)])
+def test_a_batch_of_keys_is_refused(model, make):
+  keys = make()
+  sampled = pf.decoders.AR(pf.Temperature(1.0))
+  with jax.transfer_guard("disallow"), pytest.raises(ValueError, match="rng must be one key"):
+    pf.generate(model, [[1], [2]], sampled, max_new_tokens=4, rng=keys)
+
+
+@pytest.mark.fast
+def test_raw_and_typed_keys_give_the_same_samples(model):
+  """`jax.random.PRNGKey(s)` is accepted as the same stream as `jax.random.key(s)`."""
+  kw = dict(decoder=pf.decoders.AR(pf.TopP(0.9, temperature=0.8)), max_new_tokens=9, eos_id=7)
+  typed = pf.generate(model, PROMPTS, rng=jax.random.key(4), **kw)
+  raw = pf.generate(model, PROMPTS, rng=jax.random.PRNGKey(4), **kw)
+  np.testing.assert_array_equal(typed.tokens, raw.tokens)
+  other = pf.generate(model, PROMPTS, rng=jax.random.key(5), **kw)
+  assert not np.array_equal(typed.tokens, other.tokens)
 
 
 @pytest.mark.fast

@@ -1,9 +1,11 @@
-"""DESIGN invariant 6: a training process killed with SIGKILL resumes exactly.
+"""DESIGN invariant 6: a training process killed with SIGKILL, or stopped with Ctrl-C (SIGINT),
+resumes exactly.
 
 Run A trains uninterrupted to N steps. Run B is the same command, SIGKILLed a few steps after
-a checkpoint, then started again. B's metrics log must equal A's: same step count, the same
-loss at every step after the resume point, and the same batch at every step (fingerprints),
-which are the first N batches of the data iterator, each exactly once.
+a checkpoint (or sent SIGINT, which saves the step it stopped at), then started again. B's
+metrics log must equal A's: same step count, the same loss at every step after the resume
+point, and the same batch at every step (fingerprints), which are the first N batches of the
+data iterator, each exactly once.
 """
 
 import dataclasses
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, CHECKPOINT_EVERY, KILL_AFTER = 300, 25, 50
+SIGINT_AFTER = 20
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +71,19 @@ def _train_log(workdir):
           if "loss" in e]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(setup, tmp_path):
-  cfg, data, env = setup
-  a = _run(cfg, env, tmp_path / "a")
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+  """Run A: the workdir of the same command run to the end without interruption."""
+  cfg, _, env = setup
+  workdir = tmp_path_factory.mktemp("uninterrupted") / "a"
+  a = _run(cfg, env, workdir)
   assert a["step"] == STEPS and a["start_step"] == 0
+  return workdir
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(setup, uninterrupted, tmp_path):
+  cfg, data, env = setup
+  a_dir = uninterrupted
 
   b_dir = tmp_path / "b"
   proc = subprocess.Popen(_command(cfg, b_dir), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -94,17 +106,67 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(setup, tmp_path):
   b = _run(cfg, env, b_dir)
   resumed_from = b["start_step"]
   assert resumed_from % CHECKPOINT_EVERY == 0 and KILL_AFTER <= resumed_from < logged_at_kill
-  assert b["step"] == a["step"] == STEPS
+  assert b["step"] == STEPS  # as run A's (the fixture checks it)
 
-  log_a, log_b = _train_log(tmp_path / "a"), _train_log(b_dir)
+  log_a, log_b = _train_log(a_dir), _train_log(b_dir)
   assert [s for s, _, _ in log_b] == list(range(1, STEPS + 1))  # every step once
   # bit-identical losses after the resume point (the killed steps were redone identically)
   assert log_b[resumed_from:] == log_a[resumed_from:]
   assert log_b == log_a
   val = lambda d: [(e["step"], e["val_loss"]) for e in read_metrics(d) if "val_loss" in e]
-  assert val(b_dir) == val(tmp_path / "a")
+  assert val(b_dir) == val(a_dir)
 
   # the batches are the iterator's first STEPS batches: none lost, none repeated
   it = train_iterator(data.train_tokens, cfg.data)
   expected = [batch_fingerprint(next(it)["tokens"]) for _ in range(STEPS)]
   assert [fp for _, _, fp in log_b] == expected
+
+
+def test_sigint_saves_the_current_step_says_where_and_resumes_exactly(setup, uninterrupted,
+                                                                      tmp_path):
+  """Ctrl-C during `paraflax train`: exit 130 with one line naming the checkpoint of the step
+  it stopped at (periodic checkpoints are off, so that save is the only one), and the
+  resumed run equals the uninterrupted one bit for bit."""
+  cfg, _, env = setup
+  b_dir = tmp_path / "b"
+  (tmp_path / "cache").mkdir()  # the command's compilation cache: run A's
+  (tmp_path / "cache" / "jax").symlink_to(env["JAX_COMPILATION_CACHE_DIR"])
+  env = dict(env, PARAFLAX_CACHE=str(tmp_path / "cache"))
+  argv = _command(cfg, b_dir)[3:]  # the same run through the `paraflax train` command
+  argv = [a for a in argv if a != "--no-progress"] + ["--set", f"checkpoint_every={10 * STEPS}"]
+  stderr = tmp_path / "stderr.txt"
+  with open(stderr, "w") as f:  # a file, not a pipe: progress bars cannot fill it and block
+    proc = subprocess.Popen([sys.executable, "-m", "paraflax.cli", "train", *argv], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=f, text=True)
+  deadline = time.monotonic() + 240
+  try:
+    while _logged_step(b_dir) < SIGINT_AFTER:
+      assert proc.poll() is None, f"run B ended before the SIGINT:\n{stderr.read_text()}"
+      assert time.monotonic() < deadline, "run B made no progress"
+      time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  err = stderr.read_text()
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  saved = _saved_steps(b_dir)
+  assert len(saved) == 1 and SIGINT_AFTER <= saved[0] < STEPS - 10
+  stopped = saved[0]
+  last = err.strip().splitlines()[-1]
+  assert last == (f"paraflax train: interrupted at step {stopped}: saved "
+                  f"{b_dir.absolute() / 'checkpoints' / str(stopped)}; run the same command "
+                  "again to resume")
+  assert _logged_step(b_dir) == stopped and out == ""
+
+  # resume for a few steps (`--max-steps` keeps the schedule of `--steps`)
+  until = stopped + 10
+  proc = subprocess.run([sys.executable, "-m", "paraflax.training", *argv, "--max-steps",
+                         str(until)], env=env, cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  b = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert b["start_step"] == stopped and b["step"] == until
+  # every step once, and bit-identical to the uninterrupted run (losses and batches)
+  assert _train_log(b_dir) == _train_log(uninterrupted)[:until]

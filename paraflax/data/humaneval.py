@@ -6,7 +6,6 @@ Prompts for generation benchmarks only: never train on them.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib.util
 import os
 from pathlib import Path
@@ -51,9 +50,8 @@ def load_humaneval(path: str | os.PathLike | None = None) -> list[Problem]:
   path = humaneval_path() if path is None else Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"HumanEval file {str(path)!r} not found")
-  opener = gzip.open if path.suffix == ".gz" else open
   problems = []
-  for where, obj in json_lines(path, opener):
+  for where, obj in json_lines(path):
     missing = [k for k in _FIELDS if not isinstance(obj.get(k), str)]
     if missing:
       raise ValueError(f"{where}: missing or non-string fields {missing}")

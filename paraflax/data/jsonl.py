@@ -3,15 +3,18 @@
     {"text": "..."}                           a plain document, or
     {"prompt": "...", "response": "..."}      a prompt/response pair.
 
-Other keys are ignored (ids, metadata). Blank lines are skipped. Every problem is
-reported as `ValueError("<file>:<line>: ...")`.
+Other keys are ignored (ids, metadata). Blank lines are skipped; `.jsonl.gz` files are read
+gunzipped. Every problem (malformed JSON, invalid UTF-8, corrupt gzip data, a duplicate key)
+is reported as `ValueError("<file>:<line>: ...")`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -59,17 +62,53 @@ def _parse(obj: object, where: str) -> Record:
   return TextRecord(obj["text"]) if has_text else PairRecord(obj["prompt"], obj["response"])
 
 
-def json_lines(path: Path, opener=open) -> Iterator[tuple[str, object]]:
-  """("file:line", parsed object) for every non-blank line; malformed JSON names its line."""
-  with opener(path, "rt", encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
+class _DuplicateKey(Exception):
+  pass
+
+
+def _unique_keys(pairs):
+  obj = {}
+  for k, v in pairs:
+    if k in obj:
+      raise _DuplicateKey(k)
+    obj[k] = v
+  return obj
+
+
+def _lines(f, path: Path) -> Iterator[tuple[int, bytes]]:
+  """(line number, raw line) of a binary file; a corrupt gzip stream names the line it hit."""
+  lineno = 0
+  while True:
+    try:
+      raw = f.readline()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+      raise ValueError(f"{path}:{lineno + 1}: corrupt gzip data ({e})") from None
+    if not raw:
+      return
+    lineno += 1
+    yield lineno, raw
+
+
+def json_lines(path: Path, opener=None) -> Iterator[tuple[str, object]]:
+  """("file:line", parsed object) for every non-blank line (`.gz` files are gunzipped);
+  malformed JSON, invalid UTF-8, corrupt gzip data and duplicate keys name their line."""
+  opener = opener or (gzip.open if Path(path).suffix == ".gz" else open)
+  with opener(path, "rb") as f:
+    for lineno, raw in _lines(f, path):
       where = f"{path}:{lineno}"
       try:
-        yield where, json.loads(line)
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: invalid UTF-8 (byte {raw[e.start]:#04x} at column "
+                         f"{e.start + 1})") from None
+      if not line.strip():
+        continue
+      try:
+        yield where, json.loads(line, object_pairs_hook=_unique_keys)
       except json.JSONDecodeError as e:
         raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+      except _DuplicateKey as e:
+        raise ValueError(f"{where}: duplicate key {e.args[0]!r} in a JSON object") from None
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Record]:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraflax import sharding
+from paraflax.decoding import checks
 from paraflax.decoding import state as st
 from paraflax.decoding.autoregressive import AR
 
@@ -30,41 +31,35 @@ def _bucket(n: int) -> int:
 
 def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_len=None):
   """Host-side checks and right padding. Returns (prompts int32 [B, P], lengths int32 [B])."""
-  if prompt_lengths is None:
-    if isinstance(prompts, (np.ndarray, jax.Array)):
-      arr = np.asarray(prompts)
-      if arr.ndim != 2:
-        raise ValueError(f"prompts array must be [B, P], got shape {arr.shape}")
-      rows = [list(r) for r in arr]
-    else:
-      rows = [list(map(int, r)) for r in prompts]
-    lengths = np.array([len(r) for r in rows], np.int32)
-  else:
-    arr = np.asarray(prompts)
-    lengths = np.asarray(prompt_lengths, np.int32)
-    if arr.ndim != 2 or lengths.shape != (arr.shape[0],):
-      raise ValueError(f"prompts [B, P] with prompt_lengths [B] expected, got {arr.shape} "
-                       f"and {lengths.shape}")
-    if np.any(lengths > arr.shape[1]):
-      raise ValueError(f"prompt_lengths {lengths.tolist()} exceed the prompt width {arr.shape[1]}")
-    rows = [list(r[:n]) for r, n in zip(arr, lengths)]
+  rows = checks.token_rows(prompts)
+  if prompt_lengths is not None:
+    widths = {len(r) for r in rows}
+    if len(widths) > 1:
+      raise ValueError("prompts [B, P] with prompt_lengths [B] expected, got rows of widths "
+                       f"{sorted(widths)}")
+    lengths = checks.prompt_lengths(prompt_lengths, len(rows))
+    if rows and np.any(lengths > len(rows[0])):
+      raise ValueError(f"prompt_lengths {lengths.tolist()} exceed the prompt width {len(rows[0])}")
+    rows = [r[:n] for r, n in zip(rows, lengths)]
+  lengths = np.array([len(r) for r in rows], np.int32)
   if len(rows) == 0:
     raise ValueError("no prompts given: need a batch of at least one prompt")
   if np.any(lengths < 1):
     raise ValueError(f"empty prompt at batch rows {np.flatnonzero(lengths < 1).tolist()}: "
                      "every prompt needs at least one token")
   longest = int(lengths.max())
-  width = _bucket(longest) if max_prompt_len is None else int(max_prompt_len)
+  width = _bucket(longest) if max_prompt_len is None else checks.integer(
+      "max_prompt_len", max_prompt_len, 1)
   if longest > width:
     raise ValueError(f"prompt of {longest} tokens is longer than the prompt buffer "
                      f"max_prompt_len={width}")
-  padded = np.zeros((len(rows), width), np.int32)
-  for i, r in enumerate(rows):
-    padded[i, :len(r)] = r
-  bad = [(i, t) for i, r in enumerate(rows) for t in r if not 0 <= int(t) < vocab_size]
+  bad = [(i, t) for i, r in enumerate(rows) for t in r if not 0 <= t < vocab_size]
   if bad:
     raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): "
                      f"(row, id) = {bad[:5]}")
+  padded = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    padded[i, :len(r)] = r
   return padded, lengths
 
 
@@ -92,22 +87,22 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
            max_prompt_len, mesh=None):
   cfg = model.cfg
   decoder = AR() if decoder is None else decoder
-  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+  max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, 1)
   if decoder.uses_draft_model and draft_model is None:
     raise ValueError(f"{type(decoder).__name__} needs draft_model=")
   if not decoder.uses_draft_model and draft_model is not None:
     raise ValueError(f"{type(decoder).__name__} does not use a draft_model")
   decoder.validate(cfg, None if draft_model is None else draft_model.cfg)
+  eos_id = checks.integer("eos_id", eos_id, none_ok=True)
   if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
   padded, lengths = prepare_prompts(prompts, cfg.vocab_size, prompt_lengths, max_prompt_len)
   if int(lengths.max()) + max_new_tokens > cfg.max_seq_len:
     raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) "
                      f"exceeds the model's max_seq_len {cfg.max_seq_len}")
+  rng = checks.key(rng, decoder)
   fwd = st.Forward.of(model)
   draft = None if draft_model is None else st.Forward.of(draft_model)
-  rng = jax.random.key(0) if rng is None else rng
   eos = jnp.int32(-1 if eos_id is None else eos_id)
   if mesh is None:
     return fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from paraflax.decoding import assd
+from paraflax.decoding import assd, checks
 from paraflax.decoding.assd import HOLE, AnyOrder, InfillOutput
 from paraflax.decoding.generate import TRACES
 from paraflax.decoding.state import Forward
@@ -61,14 +61,16 @@ def infill(model, tokens_with_holes, decoder=None, rng=None, *, loop: str = "whi
   """Fill every HOLE of `tokens_with_holes` ([B, N] ints, or equal-length lists) with
   `decoder`: `AnyOrder()` (default, one call per token) or `ASSD(k)`. Holes are decided in
   ascending position order given every visible token (the lattice order); with a stochastic
-  sampler the output is a sample of the model's joint over the holes."""
+  sampler (`rng=jax.random.key(seed)` required) the output is a sample of the model's joint
+  over the holes."""
   decoder = AnyOrder() if decoder is None else decoder
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
   decoder.validate(model.cfg)
-  canvas = jax.numpy.asarray(prepare_canvas(tokens_with_holes, model.cfg))
+  canvas = prepare_canvas(tokens_with_holes, model.cfg)
+  rng = checks.key(rng, decoder)
+  canvas = jax.numpy.asarray(canvas)
   fwd = Forward.of(model)
-  rng = jax.random.key(0) if rng is None else rng
   if loop == "while":
     return _infill_while(fwd, decoder, canvas, rng)
   state = _init(fwd, decoder, canvas, rng)

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
                                      overrides=parse_overrides(args.overrides),
                                      progress=not args.no_progress, max_steps=args.max_steps)
+  except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was saved; 128 + SIGINT
+    print(f"{parser.prog}: {e or 'interrupted'}", file=sys.stderr)
+    return 130
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
     print(f"{parser.prog}: error: {e}", file=sys.stderr)
     return 2

@@ -34,6 +34,7 @@ from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.json_io import read_json, write_json
 from paraflax.training import lock
 from paraflax.training.config import resolve_path
+from paraflax.training.interrupt import Interrupted
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
@@ -175,20 +176,26 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
   total, bs = num_batches(meta), meta["batch_size"]
   bar = tqdm(total=total, initial=done, desc=desc, unit="batch", disable=not progress,
              dynamic_ncols=True)
-  for i in range(done, total):
-    lo, hi = i * bs, min((i + 1) * bs, meta["examples"])
-    rows = make(i, lo, hi)
-    for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
-      w.result()
-    if (out / CHECKSUMS).is_file():
-      written = [f for k in rows for f in _chunk_files(arrays[k], k, lo, hi)]
-      with open(out / CHECKSUMS, "a") as log:
-        log.write(json.dumps({"batch": i, "files": digest(out, written)}) + "\n")
-    write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
-    bar.update(1)
-    if postfix is not None:
-      bar.set_postfix(**postfix(rows))
-  bar.close()
+  try:
+    for i in range(done, total):
+      lo, hi = i * bs, min((i + 1) * bs, meta["examples"])
+      rows = make(i, lo, hi)
+      for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
+        w.result()
+      if (out / CHECKSUMS).is_file():
+        written = [f for k in rows for f in _chunk_files(arrays[k], k, lo, hi)]
+        with open(out / CHECKSUMS, "a") as log:
+          log.write(json.dumps({"batch": i, "files": digest(out, written)}) + "\n")
+      write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
+      bar.update(1)
+      if postfix is not None:
+        bar.set_postfix(**postfix(rows))
+  except KeyboardInterrupt:  # Ctrl-C: what progress.json says is on disk is kept
+    kept = read_json(out / PROGRESS)["batches"]
+    raise Interrupted(f"interrupted: {kept} of {total} batches are kept in {out}; run the "
+                      "same command again to resume") from None
+  finally:
+    bar.close()
 
 
 def read_store(path: str | os.PathLike, names, *, what: str,

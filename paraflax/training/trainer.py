@@ -42,7 +42,7 @@ from paraflax.config import ModelConfig
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import read_json, write_json
 from paraflax.model import Transformer
-from paraflax.training import lock, optim
+from paraflax.training import interrupt, lock, optim
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import (TrainConfig, apply_overrides, config_differences, load_config,
                                       with_resolved_paths)
@@ -264,12 +264,17 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
 
   summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
              "val_loss": None, "tokens_per_s": None, "train_seconds": 0.0, "n_params": n_params}
-  bar = None
+  bar, saved, guard = None, start, contextlib.ExitStack()
   try:
+    # Ctrl-C stops between steps (with a save); not on several hosts, where one process alone
+    # would see it and could not save
+    stop = guard.enter_context(interrupt.deferred_sigint(jax.process_count() == 1))
     if start == 0 and target > 0:
       summary["val_loss"] = validate(0)
     compiled, meter = None, _Meter()
     for step in range(start, target):
+      if stop.requested:
+        _save_and_stop(ckpt, step, saved, params, opt_state, it)
       batch = with_step(next(it), step)
       rng = place_key(jax.random.fold_in(train_key, step))
       device_batch = place(batch)
@@ -295,9 +300,11 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
       if done % cfg.checkpoint_every == 0 or done == target:
         with meter.paused():
           ckpt.save(done, params, opt_state, it.get_state())
+        saved = done
       bar.update(1)
       summary["step"] = done
   finally:
+    guard.close()
     if bar is not None:
       bar.close()
     log.close()
@@ -306,6 +313,17 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
   return summary
+
+
+def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):
+  """After Ctrl-C: save step `step` (params, optimizer state, data position) unless it is
+  saved already, then raise `interrupt.Interrupted` saying where."""
+  if step > saved:
+    ckpt.save(step, params, opt_state, it.get_state())
+  where = ckpt.directory / str(step) if step else None
+  raise interrupt.Interrupted(
+      f"interrupted at step {step}: saved {where}; run the same command again to resume"
+      if where else "interrupted before the first step: nothing to save")
 
 
 def _data(cfg: TrainConfig, progress: bool):

@@ -1,0 +1,124 @@
+"""Host-side argument checks shared by `generate` and `infill`: one clear line per mistake,
+raised before any device work (no guessing: 1.7 is not token 1, True is not 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import jax
+import numpy as np
+
+LIST_OF_LISTS = "prompts must be a list of token-id lists (or an int array [B, P])"
+
+
+def _is_array(x) -> bool:
+  return isinstance(x, (np.ndarray, jax.Array))
+
+
+def is_int(x) -> bool:
+  """A Python or NumPy integer, or a 0-d integer array; never a bool or a float."""
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  if isinstance(x, (int, np.integer)):
+    return True
+  return _is_array(x) and x.ndim == 0 and jax.numpy.issubdtype(x.dtype, np.integer)
+
+
+def integer(name: str, value, lo: int | None = None, *, none_ok: bool = False) -> int | None:
+  """`value` (a Python or NumPy int, >= `lo`) as an int, or None when allowed; anything else
+  (a bool, a float, an array) is a ValueError."""
+  if value is None and none_ok:
+    return None
+  if _is_array(value) or not is_int(value) or (lo is not None and int(value) < lo):
+    need = "an int" + ("" if lo is None else f" >= {lo}") + (" or None" if none_ok else "")
+    raise ValueError(f"{name} must be {need}, got {value!r} ({type(value).__name__})")
+  return int(value)
+
+
+def _int_array(name: str, arr) -> np.ndarray:
+  arr = np.asarray(arr)
+  if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    raise ValueError(f"{name} must hold integer token ids, got a {arr.dtype} array")
+  return arr
+
+
+def token_rows(prompts) -> list[list[int]]:
+  """The rows of `prompts` (a list of token-id lists or an int array [B, P]) as lists of
+  Python ints. Refuses a flat list, a string, floats and bools, naming the row."""
+  if _is_array(prompts):
+    if prompts.ndim != 2:
+      raise ValueError(f"{LIST_OF_LISTS}, got an array of shape {tuple(prompts.shape)}")
+    return _int_array("prompts", prompts).tolist()
+  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+    raise ValueError(f"{LIST_OF_LISTS}, got {type(prompts).__name__} {_short(prompts)}")
+  rows = []
+  for i, row in enumerate(prompts):
+    if _is_array(row):
+      if row.ndim != 1:
+        raise ValueError(f"{LIST_OF_LISTS}: row {i} has shape {tuple(row.shape)}")
+      rows.append(_int_array(f"prompt row {i}", row).tolist())
+      continue
+    if isinstance(row, (str, bytes)) or not isinstance(row, Iterable):
+      raise ValueError(f"{LIST_OF_LISTS}: row {i} is {type(row).__name__} {_short(row)}")
+    row = list(row)
+    for j, t in enumerate(row):
+      if not is_int(t):
+        raise ValueError(f"prompt row {i} holds {t!r} ({type(t).__name__}) at position {j}: "
+                         "token ids must be integers")
+    rows.append([int(t) for t in row])
+  return rows
+
+
+def prompt_lengths(lengths, batch: int) -> np.ndarray:
+  """`prompt_lengths` as int32 [B], refusing floats, bools and other shapes."""
+  arr = np.asarray(lengths)
+  ints = np.issubdtype(arr.dtype, np.integer) and (
+      arr.ndim != 1 or _is_array(lengths) or all(map(is_int, lengths)))  # no bools in a list
+  if arr.shape != (batch,) or not ints:
+    raise ValueError(f"prompt_lengths must be ints [B] (B = {batch} prompt rows), got "
+                     f"{_short(lengths)}")
+  return arr.astype(np.int32)
+
+
+def samples(decoder) -> bool:
+  """Whether `decoder` draws random numbers (a stochastic sampler), so needs a key."""
+  sampler = getattr(decoder, "sampler", None)
+  return sampler is not None and not getattr(sampler, "greedy", True)
+
+
+def key(rng, decoder):
+  """One PRNG key for `decoder`: a typed `jax.random.key(seed)` or a raw `PRNGKey(seed)`
+  (converted to typed, same stream). Required when the decoder samples; greedy decoders
+  without one get a fixed key (unused by their results)."""
+  name = type(decoder).__name__
+  if rng is None:
+    if samples(decoder):
+      raise ValueError(f"{name} with {type(decoder.sampler).__name__} samples: pass "
+                       "rng=jax.random.key(seed) (a fresh seed per call for fresh samples)")
+    return jax.random.key(0)
+  if is_int(rng) and not _is_array(rng):
+    raise ValueError(f"rng must be a JAX key: pass rng=jax.random.key({int(rng)}), not the int "
+                     f"{int(rng)}")
+  if not _is_array(rng):
+    raise ValueError(f"rng must be a JAX key such as jax.random.key(0), got "
+                     f"{type(rng).__name__} {_short(rng)}")
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    if rng.ndim:
+      raise ValueError(f"rng must be one key, got a batch of keys of shape {tuple(rng.shape)} "
+                       "(the decoder splits one key per row itself)")
+    return rng
+  if rng.dtype == np.uint32 and rng.ndim > 1:
+    raise ValueError(f"rng must be one key, got a batch of raw keys of shape {tuple(rng.shape)} "
+                     "(the decoder splits one key per row itself)")
+  if rng.dtype == np.uint32 and rng.ndim == 1:
+    try:
+      return jax.random.wrap_key_data(rng)  # a raw PRNGKey(seed): the same stream as key(seed)
+    except (TypeError, ValueError):
+      pass
+  raise ValueError(f"rng must be a JAX key such as jax.random.key(0), got a {rng.dtype} array "
+                   f"of shape {tuple(rng.shape)}")
+
+
+def _short(x, n: int = 40) -> str:
+  s = repr(x)
+  return s if len(s) <= n else s[:n - 3] + "..."

@@ -10,7 +10,8 @@ size the mesh axes do not divide is replicated rather than refused (e.g. 2 kv he
 Meshes come from `jax.make_mesh` only, always with `Auto` axes: XLA's sharding propagation
 then runs the unmodified model, objectives and decoders (Explicit axes would make every
 einsum with a sharded contraction ask for an `out_sharding`). Inside `use_mesh(mesh)` the
-KV cache and decoder state are constrained to their specs; outside it those are no-ops.
+KV cache and decoder state are constrained to the specs built from the logical axes their
+dataclasses declare per field (`axes`, `subtree`); outside it those are no-ops.
 
 Multi-host: every process calls the same functions with the same host values (params built
 from one seed, the same batch); `put` hands each process's devices their slices.
@@ -219,56 +220,68 @@ def shard_batch(batch: Any, mesh, rules=RULES) -> Any:
 
 # ------------------------------------------------------------- decoder states (inside jit)
 
+_DECLARED = "logical_axes"  # dataclass field metadata key
+_SUBTREE = "subtree"
+
+
+def axes(*names: str | None, **field_kwargs):
+  """A state dataclass field holding one array (or None) whose dims have logical `names`
+  (None: not split; no names: a scalar or PRNG key, replicated):
+  `tokens: jax.Array = sharding.axes("batch", None)  # [B, N]`."""
+  return dataclasses.field(metadata={_DECLARED: tuple(names)}, **field_kwargs)
+
+
+def subtree(**field_kwargs):
+  """A state dataclass field holding declared state dataclasses (or None), e.g. a cache."""
+  return dataclasses.field(metadata={_DECLARED: _SUBTREE}, **field_kwargs)
+
+
+def state_specs(state: Any, mesh, rules=RULES) -> Any:
+  """PartitionSpecs for a decoder state, from the logical axes its dataclasses declare with
+  `axes` / `subtree` (`state` may hold tracers or ShapeDtypeStructs). A field that declares
+  nothing is a TypeError: no state is sharded by guessing from shapes."""
+  if state is None:
+    return None
+  if not dataclasses.is_dataclass(state) or isinstance(state, type):
+    raise TypeError(f"a decoder state holds {type(state).__name__} where a dataclass declaring "
+                    "its fields' logical axes (sharding.axes / sharding.subtree) belongs")
+  specs = {}
+  for f in dataclasses.fields(state):
+    if not f.metadata.get("pytree_node", True):
+      continue  # static
+    names, value = f.metadata.get(_DECLARED), getattr(state, f.name)
+    if names is None:
+      raise TypeError(f"{type(state).__name__}.{f.name} declares no logical axes: write "
+                      "`= sharding.axes(...)` (an array) or `= sharding.subtree()` (nested state)")
+    if names == _SUBTREE:
+      specs[f.name] = state_specs(value, mesh, rules)
+    else:
+      specs[f.name] = None if value is None else logical_spec(names, np.shape(value), mesh, rules)
+  return dataclasses.replace(state, **specs)
+
+
 def kv_spec(shape: Sequence[int], mesh, rules=RULES) -> P:
   """Cache k/v `[layers, B, S, Hkv, Dh]`: batch over (data, fsdp), kv heads over tensor."""
   return logical_spec(KV_NAMES, shape, mesh, rules)
 
 
-def decode_state_specs(state: Any, batch: int, mesh, rules=RULES) -> Any:
-  """PartitionSpecs for a decoder state pytree with batch size `batch`.
-
-  5-D `[layers, B, ...]` arrays (caches, pending chunk keys/values) get `kv_spec`; the
-  `[steps, B]` trace (`accepted`) splits its second dim; other arrays with a leading
-  `batch` dim split it; everything else (scalars, keys) is replicated.
-  """
-  def one(path, x):
-    shape = np.shape(x)
-    if len(shape) == 5 and shape[1] == batch:
-      return kv_spec(shape, mesh, rules)
-    if any(getattr(k, "name", None) == "accepted" for k in path) and len(shape) == 2:
-      return logical_spec((None, "batch"), shape, mesh, rules)
-    if len(shape) >= 1 and shape[0] == batch:
-      return logical_spec(("batch",) + (None,) * (len(shape) - 1), shape, mesh, rules)
-    return P()
-  return jax.tree_util.tree_map_with_path(one, state)
-
-
 def _context_mesh():
-  """The mesh set by `use_mesh` while tracing, if it has this module's axes; else None."""
+  """The mesh `use_mesh` set while tracing (Auto axes named like this module's); else None."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+    return None
+  if any(t != AxisType.Auto for t in mesh.axis_types):
     return None
   return mesh
 
 
-def constrain_cache(cache):
-  """Inside jit under `use_mesh`: pin a KVCache's k/v to `kv_spec`, lengths over batch."""
-  mesh = _context_mesh()
-  if mesh is None:
-    return cache
-  wsc = jax.lax.with_sharding_constraint
-  return cache.replace(k=wsc(cache.k, kv_spec(cache.k.shape, mesh)),
-                       v=wsc(cache.v, kv_spec(cache.v.shape, mesh)),
-                       lengths=wsc(cache.lengths, logical_spec(("batch",), cache.lengths.shape,
-                                                               mesh)))
-
-
-def constrain_decode_state(state, batch: int):
-  """Inside jit under `use_mesh`: pin a decoder state to `decode_state_specs`."""
+def constrain(state):
+  """Inside jit under `use_mesh`: pin a declared state (a cache, a decoder state) to
+  `state_specs`; elsewhere the identity."""
   mesh = _context_mesh()
   if mesh is None:
     return state
-  return jax.lax.with_sharding_constraint(state, decode_state_specs(state, batch, mesh))
+  return jax.lax.with_sharding_constraint(state, state_specs(state, mesh))
 
 
 def constrain_replicated(tree):
@@ -280,8 +293,7 @@ def constrain_replicated(tree):
 
 
 def shard_decode_state(state, mesh, rules=RULES):
-  """A decoder state placed by `decode_state_specs` (for stepping it outside a while loop)."""
-  batch = state.lengths.shape[0]
-  specs = decode_state_specs(state, batch, mesh, rules)
+  """A decoder state placed by `state_specs` (for stepping it outside a while loop)."""
+  specs = state_specs(state, mesh, rules)
   return jax.tree.map(lambda s, x: put(x, NamedSharding(mesh, s)), specs, state,
                       is_leaf=lambda x: isinstance(x, P))

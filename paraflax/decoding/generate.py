@@ -72,7 +72,7 @@ def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_le
 def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   TRACES[type(decoder).__name__] += 1
   state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
-  state = sharding.constrain_decode_state(state, prompts.shape[0])  # no-op without a mesh
+  state = sharding.constrain(state)  # no-op without a mesh
   state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
   return sharding.constrain_replicated(st.finish(state))
 
@@ -80,12 +80,12 @@ def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_
 @functools.partial(jax.jit, static_argnames=("max_new_tokens",))
 def _init(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
-  return sharding.constrain_decode_state(state, prompts.shape[0])
+  return sharding.constrain(state)
 
 
 @jax.jit
 def _step(fwd, draft, decoder, state):
-  return sharding.constrain_decode_state(decoder.step(fwd, draft, state), state.lengths.shape[0])
+  return sharding.constrain(decoder.step(fwd, draft, state))
 
 
 def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, prompt_lengths,

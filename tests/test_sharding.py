@@ -3,6 +3,7 @@ configs round-trip, multi-host settings are validated; and (in a subprocess with
 devices, `sharding_cases.py`) sharded training, generation and checkpoints equal one device."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -133,6 +134,67 @@ def test_sharded_runs_on_eight_devices_equal_one_device():
       check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
   assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# ---------------------------------------------------------------- the meshes users make
+
+@pytest.mark.fast
+def test_mesh_specs_take_library_names_or_axis_rules_and_refuse_others_in_one_line():
+  assert MeshConfig.of({"data": 2, "tensor": 4}) == MeshConfig(2, 1, 4)
+  named = MeshConfig.of({"data": 2, "model": 4}, axis_rules={"tensor": "model"})
+  assert named == MeshConfig(2, 1, 4, axis_rules=(("tensor", "model"),))
+  assert named.axis_names == ("data", "fsdp", "model")
+  assert MeshConfig.of({"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}) == named
+  with pytest.raises(ValueError, match=r"unknown mesh axis 'model' .* axis_rules=\{'tensor': "
+                                       r"'model'\}"):
+    pf.make_mesh({"data": 2, "model": 4})
+  with pytest.raises(ValueError, match="given twice"):
+    MeshConfig.of({"tensor": 2, "model": 4}, axis_rules={"tensor": "model"})
+  with pytest.raises(ValueError, match="two mesh axes one name"):
+    MeshConfig(axis_rules={"tensor": "data"})
+  with pytest.raises(ValueError, match="must map library axes"):
+    MeshConfig(axis_rules={"model": "tensor"})
+  with pytest.raises(ValueError, match="a mesh spec is"):
+    MeshConfig.of(8)
+  with pytest.raises(ValueError, match="ints >= 1"):
+    MeshConfig(True, 1, 1)
+  # one device: a renamed single-axis mesh from make_mesh, and the mesh it resolves to
+  mesh = pf.make_mesh({"model": -1}, axis_rules={"tensor": "model"})
+  assert mesh.axis_names == ("data", "fsdp", "model")
+  resolved = sharding.resolve_mesh(mesh, {"tensor": "model"})
+  assert resolved.axis_names == sharding.AXES and resolved.are_all_axes_auto
+
+
+@pytest.mark.fast
+def test_train_config_takes_a_renamed_mesh_and_round_trips_it():
+  cfg = load_config(HERE.parent / "configs" / "micro_ar.py")
+  spec = "{'data': 2, 'model': 4, 'axis_rules': {'tensor': 'model'}}"
+  named = apply_overrides(cfg, {"mesh": spec})
+  assert named.mesh == MeshConfig(2, 1, 4, axis_rules={"tensor": "model"})
+  hash(named)
+  assert TrainConfig.from_dict(json.loads(json.dumps(named.to_dict()))) == named
+  assert config_differences(cfg, named) == []  # mesh fields, axis_rules included: run control
+  with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
+    apply_overrides(cfg, {"mesh": "{'data': 2, 'model': 4}"})
+
+
+@pytest.mark.fast
+def test_resolve_mesh_refuses_what_it_cannot_use():
+  assert sharding.resolve_mesh(None) is None  # no mesh, none enclosing: one device
+  with pytest.raises(ValueError, match="axis_rules= needs a mesh"):
+    sharding.resolve_mesh(None, {"tensor": "model"})
+  with pytest.raises(ValueError, match="needs devices, got an AbstractMesh"):
+    sharding.resolve_mesh(abstract((1, 1, 1)))
+  one = jax.make_mesh((1, 1), ("data", "model"))  # Explicit, JAX's default
+  with pytest.raises(ValueError, match=r"axis_rules key 'model' is not a library axis"):
+    sharding.resolve_mesh(one, {"model": "tensor"})
+  with pytest.raises(ValueError, match=r"maps 'tensor' to 'heads', which the mesh"):
+    sharding.resolve_mesh(one, {"tensor": "heads"})
+  with pytest.raises(ValueError, match=r"mesh axis 'data' plays two library axes"):
+    sharding.resolve_mesh(one, {"fsdp": "data"})
+  auto = sharding.resolve_mesh(one, {"tensor": "model"})
+  assert auto.axis_names == sharding.AXES and auto.are_all_axes_auto
+  assert list(auto.devices.flat) == list(one.devices.flat)
 
 
 def _decoder_states():

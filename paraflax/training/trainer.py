@@ -11,7 +11,7 @@ the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a resumed
 repeats an uninterrupted one exactly (no RNG state is saved).
 
 With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
-axis rules of `sharding.py`), each batch is split over its data axes, and the same pure
+axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split over its data axes, and the same pure
 `train_step` runs under `jax.jit` shardings; checkpoints are saved sharded and restore onto
 whatever mesh the resuming run uses. On several hosts (`paraflax.distributed`) every process
 runs `train` with the same config; only process 0 writes logs, config and plots.
@@ -182,6 +182,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
   loss_fn = get_objective(cfg.objective, cfg.objective_args)
+  mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # refused before writing
   it, val, tokenizer = _data(cfg, progress)
   cfg.check_tokenizer(tokenizer)
   _check_workdir(cfg, workdir, tokenizer)
@@ -189,7 +190,6 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
     write_json(workdir / CONFIG, cfg.to_dict())
     tokenizer.save(workdir / TOKENIZER)
 
-  mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
   place_key = (lambda k: k) if mesh is None else (
       lambda k: sharding.put(k, sharding.replicated(mesh)))
@@ -334,9 +334,14 @@ def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.Pat
   return train(cfg, workdir, progress=progress, max_steps=max_steps)
 
 
-def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None):
+def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None,
+                 axis_rules=None):
   """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
-  restored straight onto `mesh` (any shape, whatever mesh trained it) when given."""
+  restored straight onto `mesh` (any shape, whatever mesh trained it) when given: a
+  `jax.sharding.Mesh` with Explicit or Auto axes whose own axis names `axis_rules` maps,
+  e.g. `{"tensor": "model"}` (see `sharding.resolve_mesh`; the params then live on the
+  equivalent Auto (data, fsdp, tensor) mesh over the same devices)."""
+  mesh = sharding.resolve_mesh(mesh, axis_rules)
   workdir = Path(workdir).expanduser()
   if not workdir.is_dir():
     raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")

@@ -124,7 +124,7 @@ def make_mesh(spec: MeshConfig | Sequence[int] | Mapping[str, Any] | None = None
   """An Auto-axes mesh over `devices` (default: all, every process's) with the (data, fsdp,
   tensor) sizes of `spec` (`MeshConfig.of`; None: all devices on data). Its axes are named
   data/fsdp/tensor, or as `axis_rules` renames them (pass the same `axis_rules` with it)."""
-  cfg = MeshConfig(data=-1) if spec is None else MeshConfig.of(spec, axis_rules)
+  cfg = MeshConfig.of(MeshConfig(data=-1) if spec is None else spec, axis_rules)
   devices = jax.devices() if devices is None else list(devices)
   return jax.make_mesh(cfg.shape(len(devices)), cfg.axis_names,
                        axis_types=(AxisType.Auto,) * len(AXES), devices=devices)

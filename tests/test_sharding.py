@@ -161,6 +161,7 @@ def test_mesh_specs_take_library_names_or_axis_rules_and_refuse_others_in_one_li
   # one device: a renamed single-axis mesh from make_mesh, and the mesh it resolves to
   mesh = pf.make_mesh({"model": -1}, axis_rules={"tensor": "model"})
   assert mesh.axis_names == ("data", "fsdp", "model")
+  assert pf.make_mesh(axis_rules={"data": "batch"}).axis_names == ("batch", "fsdp", "tensor")
   resolved = sharding.resolve_mesh(mesh, {"tensor": "model"})
   assert resolved.axis_names == sharding.AXES and resolved.are_all_axes_auto
 

@@ -12,21 +12,21 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax.config import ModelConfig
-from paraflax.sharding import constrain_cache
+from paraflax.sharding import KV_NAMES, axes, constrain
 
 
 @struct.dataclass
 class ChunkKV:
   """Keys/values of one forward's chunk, as returned by the model."""
-  k: jax.Array  # [layers, B, T, Hkv, Dh]
-  v: jax.Array  # [layers, B, T, Hkv, Dh]
+  k: jax.Array = axes(*KV_NAMES)  # [layers, B, T, Hkv, Dh]
+  v: jax.Array = axes(*KV_NAMES)  # [layers, B, T, Hkv, Dh]
 
 
 @struct.dataclass
 class KVCache:
-  k: jax.Array  # [layers, B, S, Hkv, Dh]; slot S-1 is the spare
-  v: jax.Array  # [layers, B, S, Hkv, Dh]
-  lengths: jax.Array  # [B] int32: slots [0, lengths) hold committed keys
+  k: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]; slot S-1 is the spare
+  v: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]
+  lengths: jax.Array = axes("batch")  # [B] int32: slots [0, lengths) hold committed keys
 
   @property
   def slots(self) -> int:
@@ -46,7 +46,7 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
   over tensor, each only where the axis sizes divide it.
   """
   shape = (cfg.n_layers, batch, capacity + 1, cfg.n_kv_heads, cfg.dim_per_head)
-  return constrain_cache(KVCache(k=jnp.zeros(shape, cfg.compute_dtype),
+  return constrain(KVCache(k=jnp.zeros(shape, cfg.compute_dtype),
                                  v=jnp.zeros(shape, cfg.compute_dtype),
                                  lengths=jnp.zeros((batch,), jnp.int32)))
 

@@ -7,10 +7,14 @@ over fsdp (FSDP), heads / kv heads / mlp / vocab over tensor (tensor parallel). 
 size the mesh axes do not divide is replicated rather than refused (e.g. 2 kv heads on an
 8-way tensor axis), so any model runs on any mesh; only the mesh itself must fit the devices.
 
-Meshes come from `jax.make_mesh` only, always with `Auto` axes: XLA's sharding propagation
-then runs the unmodified model, objectives and decoders (Explicit axes would make every
-einsum with a sharded contraction ask for an `out_sharding`). Inside `use_mesh(mesh)` the
-KV cache and decoder state are constrained to their specs; outside it those are no-ops.
+Meshes (`meshes.py`, re-exported here): every entry point takes the mesh users make
+(Explicit or Auto axes, their own axis names through `axis_rules`, or an enclosing
+`jax.set_mesh`) and runs on `resolve_mesh`'s Auto (data, fsdp, tensor) mesh over the same
+devices, so the rules below apply unchanged.
+
+Decoder states declare the logical axes of every field (`axes`, `subtree`: dataclass field
+metadata, as `KV_NAMES` does for the cache); inside `use_mesh(mesh)` `constrain` pins a state
+to the specs built from those declarations (`state_specs`), and outside it is a no-op.
 
 Multi-host: every process calls the same functions with the same host values (params built
 from one seed, the same batch); `put` hands each process's devices their slices.
@@ -18,10 +22,8 @@ from one seed, the same batch); `put` hands each process's devices their slices.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,7 +33,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-AXES = ("data", "fsdp", "tensor")
+from paraflax.meshes import (AXES, MeshConfig, make_mesh, resolve_mesh, returned_on,  # noqa: F401
+                             use_mesh)
 
 # logical axis -> mesh axes (in order; a prefix whose sizes divide the dim is used)
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -44,64 +47,6 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 KV_NAMES = (None, "batch", None, "kv_heads", None)  # cache k/v [layers, B, S, Hkv, Dh]
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """Sizes of the (data, fsdp, tensor) mesh axes; one of them may be -1: the rest."""
-
-  data: int = 1
-  fsdp: int = 1
-  tensor: int = 1
-
-  def __post_init__(self):
-    sizes = dataclasses.astuple(self)
-    if any(not isinstance(s, (int, np.integer)) or (s < 1 and s != -1) for s in sizes):
-      raise ValueError(f"mesh axis sizes must be ints >= 1 or -1 (the rest), got {self}")
-    if sizes.count(-1) > 1:
-      raise ValueError(f"at most one mesh axis may be -1 (the rest), got {self}")
-
-  @classmethod
-  def of(cls, spec: MeshConfig | Sequence[int] | Mapping[str, int]) -> MeshConfig:
-    """From a MeshConfig, a (data, fsdp, tensor) sequence or a mapping of axis sizes."""
-    if isinstance(spec, MeshConfig):
-      return spec
-    if isinstance(spec, Mapping):
-      return cls(**spec)
-    spec = tuple(spec)
-    if len(spec) != len(AXES):
-      raise ValueError(f"a mesh spec needs {len(AXES)} sizes {AXES}, got {spec}")
-    return cls(*spec)
-
-  def shape(self, n_devices: int) -> tuple[int, int, int]:
-    """The concrete (data, fsdp, tensor) sizes for `n_devices` devices."""
-    sizes = dataclasses.astuple(self)
-    known = math.prod(s for s in sizes if s != -1)
-    desc = " x ".join(f"{a}={s}" for a, s in zip(AXES, sizes))
-    if -1 in sizes:
-      if n_devices % known:
-        raise ValueError(f"mesh {desc}: the fixed axes ({known} devices) do not divide the "
-                         f"{n_devices} available devices")
-      sizes = tuple(n_devices // known if s == -1 else s for s in sizes)
-    elif known != n_devices:
-      raise ValueError(f"mesh {desc} needs {known} devices, but {n_devices} are available: "
-                       "the axis sizes must multiply to the device count (or use -1 for one "
-                       "axis)")
-    return sizes
-
-
-def make_mesh(spec: MeshConfig | Sequence[int] | Mapping[str, int] | None = None,
-              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """A `(data, fsdp, tensor)` mesh over `devices` (default: all, every process's)."""
-  cfg = MeshConfig(data=-1) if spec is None else MeshConfig.of(spec)
-  devices = jax.devices() if devices is None else list(devices)
-  return jax.make_mesh(cfg.shape(len(devices)), AXES, axis_types=(AxisType.Auto,) * len(AXES),
-                       devices=devices)
-
-
-def use_mesh(mesh: jax.sharding.Mesh | None):
-  """Context in which jitted code sees `mesh` (a no-op context for None)."""
-  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def _sizes(mesh) -> dict[str, int]:
@@ -181,18 +126,25 @@ def batch_sharding(shape: Sequence[int], mesh, rules=RULES) -> NamedSharding:
   return NamedSharding(mesh, logical_spec(names, shape, mesh, rules))
 
 
+def _on_explicit_axes(x: jax.Array) -> bool:
+  """Whether `x` lives on a mesh with Explicit axes (its type then carries that mesh)."""
+  s = x.sharding
+  return isinstance(s, NamedSharding) and any(t == AxisType.Explicit for t in s.mesh.axis_types)
+
+
 def put(x, sharding: NamedSharding):
   """Place `x` at `sharding`, also across processes.
 
   A host value (numpy, or a single-device array) must be the same on every process: each
   process supplies its devices' slices of it. A global array is resharded. An array already
-  placed so is returned as is; otherwise the result is a copy that shares no buffer with `x`
+  placed so (on Auto axes) is returned as is; otherwise the result is a copy that shares no buffer with `x`
   (so donating it cannot delete `x`).
   """
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding),
                                     impl=jax.random.key_impl(x))
-  if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+  if (isinstance(x, jax.Array) and not _on_explicit_axes(x)
+      and x.sharding.is_equivalent_to(sharding, x.ndim)):
     return x
   if isinstance(x, jax.Array) and (sharding.is_fully_addressable or not x.is_fully_addressable):
     # copy first: device_put (even with may_alias=False, jax 0.10) reuses x's buffer as the
@@ -219,56 +171,68 @@ def shard_batch(batch: Any, mesh, rules=RULES) -> Any:
 
 # ------------------------------------------------------------- decoder states (inside jit)
 
+_DECLARED = "logical_axes"  # dataclass field metadata key
+_SUBTREE = "subtree"
+
+
+def axes(*names: str | None, **field_kwargs):
+  """A state dataclass field holding one array (or None) whose dims have logical `names`
+  (None: not split; no names: a scalar or PRNG key, replicated):
+  `tokens: jax.Array = sharding.axes("batch", None)  # [B, N]`."""
+  return dataclasses.field(metadata={_DECLARED: tuple(names)}, **field_kwargs)
+
+
+def subtree(**field_kwargs):
+  """A state dataclass field holding declared state dataclasses (or None), e.g. a cache."""
+  return dataclasses.field(metadata={_DECLARED: _SUBTREE}, **field_kwargs)
+
+
+def state_specs(state: Any, mesh, rules=RULES) -> Any:
+  """PartitionSpecs for a decoder state, from the logical axes its dataclasses declare with
+  `axes` / `subtree` (`state` may hold tracers or ShapeDtypeStructs). A field that declares
+  nothing is a TypeError: no state is sharded by guessing from shapes."""
+  if state is None:
+    return None
+  if not dataclasses.is_dataclass(state) or isinstance(state, type):
+    raise TypeError(f"a decoder state holds {type(state).__name__} where a dataclass declaring "
+                    "its fields' logical axes (sharding.axes / sharding.subtree) belongs")
+  specs = {}
+  for f in dataclasses.fields(state):
+    if not f.metadata.get("pytree_node", True):
+      continue  # static
+    names, value = f.metadata.get(_DECLARED), getattr(state, f.name)
+    if names is None:
+      raise TypeError(f"{type(state).__name__}.{f.name} declares no logical axes: write "
+                      "`= sharding.axes(...)` (an array) or `= sharding.subtree()` (nested state)")
+    if names == _SUBTREE:
+      specs[f.name] = state_specs(value, mesh, rules)
+    else:
+      specs[f.name] = None if value is None else logical_spec(names, np.shape(value), mesh, rules)
+  return dataclasses.replace(state, **specs)
+
+
 def kv_spec(shape: Sequence[int], mesh, rules=RULES) -> P:
   """Cache k/v `[layers, B, S, Hkv, Dh]`: batch over (data, fsdp), kv heads over tensor."""
   return logical_spec(KV_NAMES, shape, mesh, rules)
 
 
-def decode_state_specs(state: Any, batch: int, mesh, rules=RULES) -> Any:
-  """PartitionSpecs for a decoder state pytree with batch size `batch`.
-
-  5-D `[layers, B, ...]` arrays (caches, pending chunk keys/values) get `kv_spec`; the
-  `[steps, B]` trace (`accepted`) splits its second dim; other arrays with a leading
-  `batch` dim split it; everything else (scalars, keys) is replicated.
-  """
-  def one(path, x):
-    shape = np.shape(x)
-    if len(shape) == 5 and shape[1] == batch:
-      return kv_spec(shape, mesh, rules)
-    if any(getattr(k, "name", None) == "accepted" for k in path) and len(shape) == 2:
-      return logical_spec((None, "batch"), shape, mesh, rules)
-    if len(shape) >= 1 and shape[0] == batch:
-      return logical_spec(("batch",) + (None,) * (len(shape) - 1), shape, mesh, rules)
-    return P()
-  return jax.tree_util.tree_map_with_path(one, state)
-
-
 def _context_mesh():
-  """The mesh set by `use_mesh` while tracing, if it has this module's axes; else None."""
+  """The mesh `use_mesh` set while tracing (Auto axes named like this module's); else None."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+    return None
+  if any(t != AxisType.Auto for t in mesh.axis_types):
     return None
   return mesh
 
 
-def constrain_cache(cache):
-  """Inside jit under `use_mesh`: pin a KVCache's k/v to `kv_spec`, lengths over batch."""
-  mesh = _context_mesh()
-  if mesh is None:
-    return cache
-  wsc = jax.lax.with_sharding_constraint
-  return cache.replace(k=wsc(cache.k, kv_spec(cache.k.shape, mesh)),
-                       v=wsc(cache.v, kv_spec(cache.v.shape, mesh)),
-                       lengths=wsc(cache.lengths, logical_spec(("batch",), cache.lengths.shape,
-                                                               mesh)))
-
-
-def constrain_decode_state(state, batch: int):
-  """Inside jit under `use_mesh`: pin a decoder state to `decode_state_specs`."""
+def constrain(state):
+  """Inside jit under `use_mesh`: pin a declared state (a cache, a decoder state) to
+  `state_specs`; elsewhere the identity."""
   mesh = _context_mesh()
   if mesh is None:
     return state
-  return jax.lax.with_sharding_constraint(state, decode_state_specs(state, batch, mesh))
+  return jax.lax.with_sharding_constraint(state, state_specs(state, mesh))
 
 
 def constrain_replicated(tree):
@@ -280,8 +244,7 @@ def constrain_replicated(tree):
 
 
 def shard_decode_state(state, mesh, rules=RULES):
-  """A decoder state placed by `decode_state_specs` (for stepping it outside a while loop)."""
-  batch = state.lengths.shape[0]
-  specs = decode_state_specs(state, batch, mesh, rules)
+  """A decoder state placed by `state_specs` (for stepping it outside a while loop)."""
+  specs = state_specs(state, mesh, rules)
   return jax.tree.map(lambda s, x: put(x, NamedSharding(mesh, s)), specs, state,
                       is_leaf=lambda x: isinstance(x, P))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import compiled_micro_model
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
@@ -131,6 +131,71 @@ def test_kv_cache_is_split_over_batch_and_kv_heads_where_they_divide(shape, gen_
     np.testing.assert_array_equal(out.tokens, refs[0].tokens)
 
 
+# ---------------------------------------------------------------- the meshes users make
+
+def user_meshes():
+  """(mesh, axis_rules) as users make them: JAX's default Explicit axes, Auto axes with their
+  own names."""
+  return {"explicit data/model": (jax.make_mesh((2, 4), ("data", "model")), {"tensor": "model"}),
+          "explicit data/fsdp/tensor": (jax.make_mesh((2, 2, 2), sharding.AXES), None),
+          "auto replica/model": (jax.make_mesh((2, 4), ("replica", "model"),
+                                               axis_types=(AxisType.Auto,) * 2),
+                                 {"data": "replica", "tensor": "model"})}
+
+
+@pytest.mark.parametrize("batch", [2, 8])  # the sizes that crashed on Explicit meshes
+def test_meshes_users_make_equal_one_device(batch, gen_setup):
+  model, refs = gen_setup
+  prompts = PROMPTS[:batch]
+  ref = jax.tree.map(lambda x: x[:batch], refs[0])  # rows of the one-device AR run
+  runs = {kind: pf.generate(model, prompts, max_new_tokens=NEW, mesh=mesh, axis_rules=rules)
+          for kind, (mesh, rules) in user_meshes().items()}
+  explicit = user_meshes()["explicit data/fsdp/tensor"][0]
+  assert explicit.are_all_axes_explicit
+  with jax.set_mesh(explicit):  # generate inside the user's own mesh context
+    runs["inside jax.set_mesh"] = pf.generate(model, prompts, max_new_tokens=NEW)
+    if batch == 8:  # and its Python-loop twin (compiled by the cache test)
+      runs["set_mesh, python loop"] = pf.generate(model, prompts, max_new_tokens=NEW,
+                                                  loop="python")
+    # outputs come back on the user's mesh: their own code under it takes them
+    jax.jit(lambda t: t + 1)(runs["inside jax.set_mesh"].tokens)
+  for kind, out in runs.items():
+    assert out.tokens.sharding.is_fully_replicated, kind
+    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=kind)
+    np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=kind)
+    np.testing.assert_array_equal(out.forwards, ref.forwards, err_msg=kind)
+
+
+def placed_as(x, sharding_) -> bool:
+  """Whether every device holds the same slice of `x` as under `sharding_` (meshes may list
+  their devices in other orders)."""
+  return x.sharding.devices_indices_map(x.shape) == sharding_.devices_indices_map(x.shape)
+
+
+def test_params_are_split_over_the_renamed_axis(model):
+  """Axes in another order and with other names (model first, Explicit) place params where
+  the rules say, on the user's axis: heads and vocab over `model`, not replicated."""
+  user = jax.make_mesh((4, 2), ("model", "data"))
+  mesh = sharding.resolve_mesh(user, {"tensor": "model"})
+  _, params = nnx.split(model)
+  placed = sharding.shard_state(params, mesh)
+  wq = placed["layers"][0]["attn"]["wq"][...]  # [embed, heads 4, dh]
+  assert not wq.sharding.is_fully_replicated
+  assert placed_as(wq, NamedSharding(user, P(None, "model", None)))
+  w_up = placed["layers"][0]["mlp"]["w_up"][...]  # [embed, mlp]
+  assert placed_as(w_up, NamedSharding(user, P(None, "model")))
+  assert not placed_as(w_up, NamedSharding(user, P(None, "data")))  # the check can fail
+  batch = sharding.shard_batch(np.zeros((8, 3), np.int32), mesh)
+  assert placed_as(batch, NamedSharding(user, P("data", None)))
+  # the same Auto mesh without axis_rules: an error, no longer a silent full replication
+  auto = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  with pytest.raises(ValueError, match=r"mesh axis 'model' \(size 4\) has no role"):
+    pf.generate(model, PROMPTS, max_new_tokens=NEW, mesh=auto)
+  with pytest.raises(ValueError, match=r"mesh axis 'model' \(size 4\) has no role"):
+    with jax.set_mesh(auto):
+      pf.generate(model, PROMPTS, max_new_tokens=NEW)
+
+
 # ---------------------------------------------------------------- checkpoints across meshes
 
 def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path, step_setup):
@@ -156,8 +221,9 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path, step_setup):
 
 
 def test_trainer_resumes_a_single_device_run_on_a_mesh(tmp_path):
-  """`train` with cfg.mesh resumes an unsharded run's checkpoint (restored onto the mesh)
-  and logs the same losses as the unsharded run; `load_trained` restores onto a third mesh."""
+  """`train` with cfg.mesh (axes renamed by axis_rules) resumes an unsharded run's checkpoint
+  (restored onto the mesh) and logs the same losses as the unsharded run; `load_trained`
+  restores onto a third mesh, and onto an Explicit mesh with the user's axis names."""
   cfg = load_config(CONFIGS / "micro_ar.py")
   cfg = dataclasses.replace(
       cfg, model=dataclasses.replace(cfg.model, n_layers=1), steps=4, eval_every=100,
@@ -166,7 +232,9 @@ def test_trainer_resumes_a_single_device_run_on_a_mesh(tmp_path):
   ref = train(cfg, tmp_path / "one", progress=False)
   shutil.copytree(tmp_path / "one", tmp_path / "mesh")
   shutil.rmtree(tmp_path / "mesh" / "checkpoints" / "4")  # resume from step 2
-  summary = train(dataclasses.replace(cfg, mesh=(2, 2, 2)), tmp_path / "mesh", progress=False)
+  # a (2, 2, 2) mesh whose tensor axis goes by the user's name "model" (TrainConfig.mesh)
+  named = {"data": 2, "fsdp": 2, "model": 2, "axis_rules": {"tensor": "model"}}
+  summary = train(dataclasses.replace(cfg, mesh=named), tmp_path / "mesh", progress=False)
   assert (summary["start_step"], summary["step"]) == (2, 4)
   losses = {w: [e["loss"] for e in read_metrics(tmp_path / w) if "loss" in e]
             for w in ("one", "mesh")}
@@ -177,4 +245,10 @@ def test_trainer_resumes_a_single_device_run_on_a_mesh(tmp_path):
   ref_model, _, _ = load_trained(tmp_path / "one")
   emb = model.embed[...]  # [vocab 320, embed 32]: vocab over the 8-way tensor axis
   assert emb.sharding.spec == P("tensor", None)
+  np.testing.assert_allclose(emb, ref_model.embed[...], atol=1e-4)
+  # an Explicit mesh with the user's own axis names, mapped by axis_rules
+  user = jax.make_mesh((2, 4), ("data", "model"))
+  model, _, _ = load_trained(tmp_path / "mesh", mesh=user, axis_rules={"tensor": "model"})
+  emb = model.embed[...]
+  assert placed_as(emb, NamedSharding(user, P("model", None)))
   np.testing.assert_allclose(emb, ref_model.embed[...], atol=1e-4)

@@ -144,7 +144,7 @@ def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   assert int(states[-1].extra.promotions.sum()) > 0
   assert int(max(s.extra.pacc.max() for s in states)) > 0  # some pseudo-accepted tokens
   plain = next(pf.generate_steps(model, MR_PROMPTS, decoder=J(n), max_new_tokens=max_new))
-  assert plain.pending.kv.k.shape[2] == n and plain.extra.shape == (len(MR_PROMPTS), n - 1)
+  assert plain.pending.kv.k.shape[2] == n and plain.extra.tokens.shape == (len(MR_PROMPTS), n - 1)
 
 
 def test_mr_compiles_once(model):

@@ -3,20 +3,24 @@ configs round-trip, multi-host settings are validated; and (in a subprocess with
 devices, `sharding_cases.py`) sharded training, generation and checkpoints equal one device."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 from conftest import MICRO
-from flax import nnx
+from flax import nnx, struct
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
 from paraflax import distributed, sharding
+from paraflax.decoding import assd
+from paraflax.decoding.state import Forward
 from paraflax.sharding import MeshConfig
 from paraflax.training import TrainConfig, apply_overrides, load_config
 from paraflax.training.config import config_differences
@@ -130,3 +134,126 @@ def test_sharded_runs_on_eight_devices_equal_one_device():
       check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
   assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# ---------------------------------------------------------------- the meshes users make
+
+@pytest.mark.fast
+def test_mesh_specs_take_library_names_or_axis_rules_and_refuse_others_in_one_line():
+  assert MeshConfig.of({"data": 2, "tensor": 4}) == MeshConfig(2, 1, 4)
+  named = MeshConfig.of({"data": 2, "model": 4}, axis_rules={"tensor": "model"})
+  assert named == MeshConfig(2, 1, 4, axis_rules=(("tensor", "model"),))
+  assert named.axis_names == ("data", "fsdp", "model")
+  assert MeshConfig.of({"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}) == named
+  with pytest.raises(ValueError, match=r"unknown mesh axis 'model' .* axis_rules=\{'tensor': "
+                                       r"'model'\}"):
+    pf.make_mesh({"data": 2, "model": 4})
+  with pytest.raises(ValueError, match="given twice"):
+    MeshConfig.of({"tensor": 2, "model": 4}, axis_rules={"tensor": "model"})
+  with pytest.raises(ValueError, match="two mesh axes one name"):
+    MeshConfig(axis_rules={"tensor": "data"})
+  with pytest.raises(ValueError, match="must map library axes"):
+    MeshConfig(axis_rules={"model": "tensor"})
+  with pytest.raises(ValueError, match="a mesh spec is"):
+    MeshConfig.of(8)
+  with pytest.raises(ValueError, match="ints >= 1"):
+    MeshConfig(True, 1, 1)
+  # one device: a renamed single-axis mesh from make_mesh, and the mesh it resolves to
+  mesh = pf.make_mesh({"model": -1}, axis_rules={"tensor": "model"})
+  assert mesh.axis_names == ("data", "fsdp", "model")
+  assert pf.make_mesh(axis_rules={"data": "batch"}).axis_names == ("batch", "fsdp", "tensor")
+  resolved = sharding.resolve_mesh(mesh, {"tensor": "model"})
+  assert resolved.axis_names == sharding.AXES and resolved.are_all_axes_auto
+
+
+@pytest.mark.fast
+def test_train_config_takes_a_renamed_mesh_and_round_trips_it():
+  cfg = load_config(HERE.parent / "configs" / "micro_ar.py")
+  spec = "{'data': 2, 'model': 4, 'axis_rules': {'tensor': 'model'}}"
+  named = apply_overrides(cfg, {"mesh": spec})
+  assert named.mesh == MeshConfig(2, 1, 4, axis_rules={"tensor": "model"})
+  hash(named)
+  assert TrainConfig.from_dict(json.loads(json.dumps(named.to_dict()))) == named
+  assert config_differences(cfg, named) == []  # mesh fields, axis_rules included: run control
+  with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
+    apply_overrides(cfg, {"mesh": "{'data': 2, 'model': 4}"})
+
+
+@pytest.mark.fast
+def test_resolve_mesh_refuses_what_it_cannot_use():
+  assert sharding.resolve_mesh(None) is None  # no mesh, none enclosing: one device
+  with pytest.raises(ValueError, match="axis_rules= needs a mesh"):
+    sharding.resolve_mesh(None, {"tensor": "model"})
+  with pytest.raises(ValueError, match="needs devices, got an AbstractMesh"):
+    sharding.resolve_mesh(abstract((1, 1, 1)))
+  one = jax.make_mesh((1, 1), ("data", "model"))  # Explicit, JAX's default
+  with pytest.raises(ValueError, match=r"axis_rules key 'model' is not a library axis"):
+    sharding.resolve_mesh(one, {"model": "tensor"})
+  with pytest.raises(ValueError, match=r"maps 'tensor' to 'heads', which the mesh"):
+    sharding.resolve_mesh(one, {"tensor": "heads"})
+  with pytest.raises(ValueError, match=r"mesh axis 'data' plays two library axes"):
+    sharding.resolve_mesh(one, {"fsdp": "data"})
+  auto = sharding.resolve_mesh(one, {"tensor": "model"})
+  assert auto.axis_names == sharding.AXES and auto.are_all_axes_auto
+  assert list(auto.devices.flat) == list(one.devices.flat)
+
+
+def _decoder_states():
+  """(name, abstract state) of every decoder, greedy and sampled, built by eval_shape."""
+  base = pf.ModelConfig(**{**MICRO, "mask_token_id": 4, "sep_token_id": 5})
+  two = pf.ModelConfig(**{**MICRO, "two_stream": True})
+  fwds = {}
+  for key, cfg in (("base", base), ("two", two)):
+    gd, params = nnx.split(nnx.eval_shape(lambda cfg=cfg: pf.Transformer(cfg, rngs=nnx.Rngs(0))))
+    fwds[key] = Forward(graphdef=gd, cfg=cfg, params=params)
+  hot = pf.Temperature(1.0)
+  d = pf.decoders
+  decoders = {
+      "AR": [d.AR(), d.AR(hot)], "PromptLookup": [d.PromptLookup(2, 3)],
+      "Jacobi": [d.Jacobi(3), d.Jacobi(3, num_blocks=2, pool_size=2, num_candidates=1)],
+      "TiDAR": [d.TiDAR(3), d.TiDAR(3, sampler=hot)],
+      "Speculative": [d.Speculative(2), d.Speculative(2, hot, drafter="diffusion")],
+      "ASSD": [d.ASSD(3), d.ASSD(3, sampler=hot)], "AnyOrder": [d.AnyOrder()]}
+  assert set(decoders) == set(d.__all__), "add the new decoder here"
+  prompts, lens = jnp.zeros((2, 8), jnp.int32), jnp.array([3, 8], jnp.int32)
+  canvas = jnp.full((2, 8), pf.HOLE, jnp.int32).at[:, 0].set(1)
+  for name, decs in decoders.items():
+    for dec in decs:
+      if name in ("ASSD", "AnyOrder"):
+        state = jax.eval_shape(lambda f, c, dec=dec: assd.init(f, dec, c, jax.random.key(0)),
+                               fwds["two"], canvas)
+      else:
+        f = fwds["base"]
+        draft = f if dec.uses_draft_model else None
+        state = jax.eval_shape(lambda f, g, dec=dec: dec.init(
+            f, g, prompts, lens, 4, jax.random.key(0), jnp.int32(-1)), f, draft)
+      yield f"{name}({dec})", state
+
+
+@pytest.mark.fast
+def test_every_decoder_state_declares_the_logical_axes_of_every_field():
+  m222 = abstract((2, 2, 2))
+  for name, state in _decoder_states():
+    specs = sharding.state_specs(state, m222)  # TypeError for a field without a declaration
+    flat = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    assert len(flat) == len(jax.tree.leaves(state)), name
+    # batch-leading fields split over batch, the [steps, B] trace on its second dim, the
+    # cache's kv heads over tensor, scalars and keys replicated
+    if hasattr(state, "accepted"):
+      assert specs.tokens == P("data", None), name
+      assert specs.accepted == P(None, "data") and specs.step == P() and specs.rng == P(), name
+    assert specs.cache.k == P(None, "data", None, "tensor", None), name
+
+
+@pytest.mark.fast
+def test_a_state_field_without_declared_axes_is_an_error_not_a_guess():
+  @struct.dataclass
+  class Forgot:
+    tokens: jax.Array = sharding.axes("batch", None)
+    lengths: jax.Array = None  # no declaration
+
+  state = Forgot(tokens=jnp.zeros((2, 3)), lengths=jnp.zeros((2,)))
+  with pytest.raises(TypeError, match=r"Forgot.lengths declares no logical axes"):
+    sharding.state_specs(state, abstract((2, 2, 2)))
+  with pytest.raises(TypeError, match=r"holds ArrayImpl where a dataclass"):
+    sharding.state_specs(jnp.zeros((2,)), abstract((2, 2, 2)))

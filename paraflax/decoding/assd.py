@@ -29,6 +29,7 @@ from paraflax import masks, verify
 from paraflax.cache import KVCache, commit, init_cache
 from paraflax.model import Queries
 from paraflax.sampling import Greedy
+from paraflax.sharding import axes, subtree
 
 HOLE = -1  # a position to fill
 DRAFTS = ("self", "ngram")
@@ -85,20 +86,20 @@ def _two_stream(cfg, name):
 
 @struct.dataclass
 class InfillState:
-  canvas: jax.Array  # [B, N] tokens, HOLE where still undecided
-  order: jax.Array  # [B, N] hole positions in ascending order, then the prompt's positions
-  holes: jax.Array  # [B] number of holes
-  n: jax.Array  # [B] holes decided
-  start: jax.Array  # [B] order index of the block awaiting verification (its first draft)
-  drafts: jax.Array  # [B, k] that block's drafts
-  q: jax.Array | None  # [B, k, V] their draft distributions (None: greedy)
-  cache: KVCache  # content keys/values of decided tokens (prompt included)
-  pend_tok: jax.Array  # [B] a decided token whose content is not cached yet
-  pend_pos: jax.Array  # [B]   its position
-  pend: jax.Array  # [B] 1 when there is one
-  calls: jax.Array  # [B] model calls this row needed
-  iterations: jax.Array  # [B] draft calls (one per draft-and-verify iteration)
-  rng: jax.Array
+  canvas: jax.Array = axes("batch", None)  # [B, N] tokens, HOLE where still undecided
+  order: jax.Array = axes("batch", None)  # [B, N] hole positions ascending, then the prompt's
+  holes: jax.Array = axes("batch")  # [B] number of holes
+  n: jax.Array = axes("batch")  # [B] holes decided
+  start: jax.Array = axes("batch")  # [B] order index of the block awaiting verification
+  drafts: jax.Array = axes("batch", None)  # [B, k] that block's drafts
+  q: jax.Array | None = axes("batch", None, None)  # [B, k, V] their distributions (None: greedy)
+  cache: KVCache = subtree()  # content keys/values of decided tokens (prompt included)
+  pend_tok: jax.Array = axes("batch")  # [B] a decided token whose content is not cached yet
+  pend_pos: jax.Array = axes("batch")  # [B]   its position
+  pend: jax.Array = axes("batch")  # [B] 1 when there is one
+  calls: jax.Array = axes("batch")  # [B] model calls this row needed
+  iterations: jax.Array = axes("batch")  # [B] draft calls (one per draft-and-verify iteration)
+  rng: jax.Array = axes()  # PRNG key
 
 
 @struct.dataclass

@@ -1,8 +1,10 @@
 """`generate`: validate on the host, then one compiled `lax.while_loop` per decoder shape.
 
 The Python-loop twin (`generate_steps`) runs the same jitted `init`/`step` one iteration at a
-time, for streaming, notebooks and tests. With `mesh=`, params and prompts are sharded on entry
-and the loop runs under `sharding.use_mesh` (cache and state sharded over batch / kv heads).
+time, for streaming, notebooks and tests. With `mesh=` (Explicit or Auto axes; `axis_rules=`
+names the axes playing data / fsdp / tensor) or inside `jax.set_mesh`, the mesh is resolved on
+the host (`sharding.resolve_mesh`), params and prompts are sharded on entry, and the loop runs
+under `sharding.use_mesh` (cache and state placed by their declared logical axes).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_le
 def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   TRACES[type(decoder).__name__] += 1
   state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
-  state = sharding.constrain_decode_state(state, prompts.shape[0])  # no-op without a mesh
+  state = sharding.constrain(state)  # no-op without a mesh
   state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
   return sharding.constrain_replicated(st.finish(state))
 
@@ -75,17 +77,19 @@ def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_
 @functools.partial(jax.jit, static_argnames=("max_new_tokens",))
 def _init(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
-  return sharding.constrain_decode_state(state, prompts.shape[0])
+  return sharding.constrain(state)
 
 
 @jax.jit
 def _step(fwd, draft, decoder, state):
-  return sharding.constrain_decode_state(decoder.step(fwd, draft, state), state.lengths.shape[0])
+  return sharding.constrain(decoder.step(fwd, draft, state))
 
 
 def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, prompt_lengths,
-           max_prompt_len, mesh=None):
+           max_prompt_len, mesh=None, axis_rules=None):
+  """Host checks and placement. Returns (jit arguments, the resolved mesh or None)."""
   cfg = model.cfg
+  mesh = sharding.resolve_mesh(mesh, axis_rules)
   decoder = AR() if decoder is None else decoder
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, 1)
   if decoder.uses_draft_model and draft_model is None:
@@ -105,35 +109,41 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
   draft = None if draft_model is None else st.Forward.of(draft_model)
   eos = jnp.int32(-1 if eos_id is None else eos_id)
   if mesh is None:
-    return fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos
+    return (fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos), None
   fwd = fwd.replace(params=sharding.shard_state(fwd.params, mesh))
   draft = None if draft is None else draft.replace(params=sharding.shard_state(draft.params, mesh))
   padded, lengths = sharding.shard_batch((padded, lengths), mesh)
   rng, eos = (sharding.put(x, sharding.replicated(mesh)) for x in (rng, eos))
-  return fwd, draft, decoder, padded, lengths, rng, eos
+  return (fwd, draft, decoder, padded, lengths, rng, eos), mesh
 
 
 def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
              max_new_tokens: int = 128, rng=None, eos_id: int | None = None, draft_model=None,
              *, prompt_lengths=None, max_prompt_len: int | None = None,
-             loop: str = "while", mesh=None) -> st.GenerateOutput:
+             loop: str = "while", mesh=None, axis_rules=None) -> st.GenerateOutput:
   """Generate up to `max_new_tokens` per prompt with `decoder` (default: greedy AR).
 
   prompts: list of token-id lists, or an int array [B, P] (with `prompt_lengths` [B] when
   right-padded). `loop="python"` runs the Python-loop twin (same result, one jitted step per
-  iteration). `mesh` (from `sharding.make_mesh`): run sharded over it, outputs replicated.
+  iteration). `mesh`: a `jax.sharding.Mesh` with Explicit or Auto axes (default: the mesh of
+  an enclosing `jax.set_mesh`, if any): run sharded over its devices, outputs replicated.
+  `axis_rules` maps the library's mesh axes onto the mesh's own names, e.g.
+  `{"tensor": "model"}` for `jax.make_mesh((2, 4), ("data", "model"))` (see
+  `sharding.resolve_mesh`); an unusable mesh is a ValueError before any device work.
   """
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
-  args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
-                prompt_lengths, max_prompt_len, mesh)
-  if loop == "while":
-    with sharding.use_mesh(mesh):
-      return _generate_while(*args, max_new_tokens=max_new_tokens)
-  final = None
-  for final in _steps(*args, max_new_tokens, mesh):
-    pass
-  return st.finish(final)
+  args, resolved = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
+                          prompt_lengths, max_prompt_len, mesh, axis_rules)
+  with sharding.use_mesh(resolved):
+    if loop == "while":
+      out = _generate_while(*args, max_new_tokens=max_new_tokens)
+    else:
+      final = None
+      for final in _steps(*args, max_new_tokens, resolved):
+        pass
+      out = st.finish(final)
+  return sharding.returned_on(out, mesh, resolved)
 
 
 def _steps(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens, mesh=None):
@@ -141,16 +151,20 @@ def _steps(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens, mesh=No
   with sharding.use_mesh(mesh):
     state = _init(fwd, draft, decoder, prompts, lens, rng, eos, max_new_tokens=max_new_tokens)
   yield state
-  while bool(st.cond(state)):
-    with sharding.use_mesh(mesh):
+  while True:
+    with sharding.use_mesh(mesh):  # eager ops on the state too (the user may hold another mesh)
+      if not bool(st.cond(state)):
+        break
       state = _step(fwd, draft, decoder, state)
     yield state
 
 
 def generate_steps(model, prompts, decoder=None, max_new_tokens: int = 128, rng=None,
                    eos_id=None, draft_model=None, *, prompt_lengths=None,
-                   max_prompt_len=None, mesh=None) -> Iterator[st.DecodeState]:
-  """The Python-loop twin: yields the decoder state after the prefill and after every step."""
-  args = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
-                prompt_lengths, max_prompt_len, mesh)
+                   max_prompt_len=None, mesh=None, axis_rules=None
+                   ) -> Iterator[st.DecodeState]:
+  """The Python-loop twin: yields the decoder state after the prefill and after every step
+  (`mesh`, `axis_rules` as for `generate`)."""
+  args, mesh = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
+                      prompt_lengths, max_prompt_len, mesh, axis_rules)
   yield from _steps(*args, max_new_tokens, mesh)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 
@@ -22,6 +23,13 @@ from paraflax.decoding import jacobi_mr
 from paraflax.decoding import state as st
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
+from paraflax.sharding import axes
+
+
+@struct.dataclass
+class Guesses:
+  """The plain step's `state.extra`."""
+  tokens: jax.Array = axes("batch", None)  # [B, n-1] guesses after the pending token
 
 
 @struct.dataclass
@@ -99,7 +107,7 @@ class Jacobi:
     if not self.plain:
       return jacobi_mr.init(state, n, self.num_blocks, self.pool_size, self.spawn_at)
     # initial guesses: the first decided token repeated (any tokens would do)
-    return state.replace(extra=jnp.repeat(state.tokens[:, :1], n - 1, axis=1))
+    return state.replace(extra=Guesses(tokens=jnp.repeat(state.tokens[:, :1], n - 1, axis=1)))
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft
@@ -107,8 +115,8 @@ class Jacobi:
     if not self.plain:
       return jacobi_mr.step(fwd, state, n, self.num_blocks, self.num_candidates,
                             self.spawn_at)
-    state, logits, _, kept = verify_drafts(fwd, state, state.extra, None, self.sampler)
+    state, logits, _, kept = verify_drafts(fwd, state, state.extra.tokens, None, self.sampler)
     argmax = jnp.argmax(logits, -1).astype(jnp.int32)  # [B, n]
     # argmax[kept - 1] was just decided; the ones after it are the next guesses
     idx = jnp.minimum(kept[:, None] + jnp.arange(n - 1), n - 1)
-    return state.replace(extra=jnp.take_along_axis(argmax, idx, 1))
+    return state.replace(extra=Guesses(tokens=jnp.take_along_axis(argmax, idx, 1)))

@@ -44,18 +44,19 @@ from flax import struct
 
 from paraflax import masks
 from paraflax.decoding import state as st
+from paraflax.sharding import axes
 
 
 @struct.dataclass
 class MRState:
-  drafts: jax.Array  # [B, W] main stream after the pending token, W = K*n - 1
-  ra_len: jax.Array  # [B] RA drafts left (always n-1 with K = 1)
-  blocks: jax.Array  # [B] pseudo-active blocks in flight, 0..K-1
-  pacc: jax.Array  # [B, K-1] pseudo-accepted (frozen) prefix of each pseudo block, 0 if idle
-  pool: jax.Array  # [B, P, n] recycled n-grams, -1 = empty
-  ptr: jax.Array  # [B] ring write pointer (insertions so far)
-  wins: jax.Array  # [B] steps won by a pool candidate
-  promotions: jax.Array  # [B] pseudo-active blocks promoted to real-active
+  drafts: jax.Array = axes("batch", None)  # [B, W] main stream after the pending token, W = K*n-1
+  ra_len: jax.Array = axes("batch")  # [B] RA drafts left (always n-1 with K = 1)
+  blocks: jax.Array = axes("batch")  # [B] pseudo-active blocks in flight, 0..K-1
+  pacc: jax.Array = axes("batch", None)  # [B, K-1] pseudo-accepted prefix per pseudo block
+  pool: jax.Array = axes("batch", None, None)  # [B, P, n] recycled n-grams, -1 = empty
+  ptr: jax.Array = axes("batch")  # [B] ring write pointer (insertions so far)
+  wins: jax.Array = axes("batch")  # [B] steps won by a pool candidate
+  promotions: jax.Array = axes("batch")  # [B] pseudo-active blocks promoted to real-active
 
 
 def prefix_len(x: jax.Array) -> jax.Array:

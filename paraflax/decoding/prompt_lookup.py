@@ -11,6 +11,13 @@ from paraflax import verify
 from paraflax.decoding import state as st
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
+from paraflax.sharding import axes
+
+
+@struct.dataclass
+class Context:
+  """PromptLookup's `state.extra`: the text the n-grams are looked up in."""
+  tokens: jax.Array = axes("batch", None)  # [B, P + N] prompt then output, -1 past the end
 
 
 def lookup(context_BxC: jax.Array, length_B: jax.Array, max_ngram: int, num_tokens: int):
@@ -67,14 +74,14 @@ class PromptLookup:
     state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
                      capacity=self.cache_capacity(p, max_new_tokens),
                      steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
-                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=context)
-    return state.replace(extra=st.write_rows(context, prompt_lens, state.tokens[:, :1],
-                                             state.lengths))
+                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=Context(context))
+    return state.replace(extra=Context(st.write_rows(context, prompt_lens, state.tokens[:, :1],
+                                                     state.lengths)))
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft
     old_end = state.prompt_lens + state.lengths
-    drafts, _ = lookup(state.extra, old_end, self.max_ngram, self.num_tokens)
+    drafts, _ = lookup(state.extra.tokens, old_end, self.max_ngram, self.num_tokens)
     q = verify.point_mass(drafts, fwd.cfg.vocab_size)
     state, _, new, kept = verify_drafts(fwd, state, drafts, q, self.sampler)
-    return state.replace(extra=st.write_rows(state.extra, old_end, new, kept))
+    return state.replace(extra=Context(st.write_rows(state.extra.tokens, old_end, new, kept)))

@@ -34,6 +34,7 @@ from flax import struct
 from paraflax import masks
 from paraflax.cache import ChunkKV, KVCache, commit
 from paraflax.decoding import state as st
+from paraflax.sharding import subtree
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.sampling import Greedy
 
@@ -43,8 +44,8 @@ _LAG = 2  # most emitted tokens the drafter can have not seen: the width of draf
 @struct.dataclass
 class DraftCache:
   """The drafter's cache and its deferred commit (chunk width 2, up to 2 kept rows)."""
-  cache: KVCache
-  pending: st.PendingCommit
+  cache: KVCache = subtree()
+  pending: st.PendingCommit = subtree()
 
 
 def _pad_chunk(kv: ChunkKV, t: int) -> ChunkKV:

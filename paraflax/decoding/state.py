@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from paraflax import masks
+from paraflax.sharding import axes, subtree
 from paraflax.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.config import ModelConfig
 
@@ -41,9 +42,9 @@ class PendingCommit:
   commit after the forward would race with the later layers' cache reads and XLA would copy
   the whole cache every step.
   """
-  kv: ChunkKV  # k, v [layers, B, T, Hkv, Dh]
-  src: jax.Array  # [B, N] chunk rows to keep
-  count: jax.Array  # [B] how many of them
+  kv: ChunkKV = subtree()  # k, v [layers, B, T, Hkv, Dh]
+  src: jax.Array = axes("batch", None)  # [B, N] chunk rows to keep
+  count: jax.Array = axes("batch")  # [B] how many of them
 
 
 def no_pending(cache: KVCache, t: int, n: int) -> PendingCommit:
@@ -66,19 +67,21 @@ def flush(state: "DecodeState") -> KVCache:
 
 @struct.dataclass
 class DecodeState:
-  tokens: jax.Array  # [B, N] generated tokens (N = max_new_tokens), -1 after each row's end
-  lengths: jax.Array  # [B] tokens generated so far
-  prompt_lens: jax.Array  # [B]
-  cache: KVCache  # the target model's cache, without `pending`
-  pending: PendingCommit  # last step's kept rows, committed by `flush` in the next step
-  done: jax.Array  # [B] bool: EOS emitted or N reached
-  forwards: jax.Array  # [B] target forwards (prefill not counted)
-  draft_forwards: jax.Array  # [B] drafter forwards
-  accepted: jax.Array  # [steps, B] tokens emitted per iteration (0 once done)
-  step: jax.Array  # [] iterations run
-  rng: jax.Array  # PRNG key
-  eos_id: jax.Array  # [] int32, -1 for none
-  extra: Any = None  # decoder-specific pytree
+  """The loop state. Every field declares its logical axes (`sharding.axes`), which place it
+  on a mesh; a decoder's `extra` is a dataclass declaring its own (or None)."""
+  tokens: jax.Array = axes("batch", None)  # [B, N] generated (N = max_new_tokens), -1 after end
+  lengths: jax.Array = axes("batch")  # [B] tokens generated so far
+  prompt_lens: jax.Array = axes("batch")  # [B]
+  cache: KVCache = subtree()  # the target model's cache, without `pending`
+  pending: PendingCommit = subtree()  # last step's kept rows, committed by `flush` next step
+  done: jax.Array = axes("batch")  # [B] bool: EOS emitted or N reached
+  forwards: jax.Array = axes("batch")  # [B] target forwards (prefill not counted)
+  draft_forwards: jax.Array = axes("batch")  # [B] drafter forwards
+  accepted: jax.Array = axes(None, "batch")  # [steps, B] emitted per iteration (0 once done)
+  step: jax.Array = axes()  # [] iterations run
+  rng: jax.Array = axes()  # PRNG key
+  eos_id: jax.Array = axes()  # [] int32, -1 for none
+  extra: Any = subtree(default=None)  # decoder-specific state dataclass
 
 
 @struct.dataclass

@@ -31,12 +31,13 @@ from paraflax import masks, verify
 from paraflax.cache import ChunkKV, commit, init_cache
 from paraflax.decoding import state as st
 from paraflax.sampling import Greedy
+from paraflax.sharding import axes
 
 
 @struct.dataclass
 class Drafts:
-  tokens: jax.Array  # [B, k-1] drafts d_2..d_k for the next step
-  q: jax.Array | None  # [B, k-1, V] the distribution each was sampled from (None: greedy)
+  tokens: jax.Array = axes("batch", None)  # [B, k-1] drafts d_2..d_k for the next step
+  q: jax.Array | None = axes("batch", None, None)  # [B, k-1, V] their distributions (None: greedy)
 
 
 def _is_int(x) -> bool:

@@ -69,7 +69,8 @@ class TrainConfig:
   (`jacobi_forcing.TrajectoryData`; then `data` gives only batch_size and seed). `teacher`
   trains on raw prompt + answer rows of a DEER teacher store (`deer.TeacherData`; the same).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
-  the rest) shards params, optimizer state and batches over a device mesh (`sharding.py`).
+  the rest, or a mapping such as `{"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}`)
+  shards params, optimizer state and batches over a device mesh (`sharding.py`).
   """
 
   model: ModelConfig
@@ -84,7 +85,7 @@ class TrainConfig:
   log_every: int = 10
   objective: str = "ar"
   objective_args: Any = ()  # Mapping[str, Any] or pairs -> tuple[tuple[str, Any], ...]
-  mesh: MeshConfig | None = None  # also (data, fsdp, tensor) or a mapping -> MeshConfig
+  mesh: MeshConfig | None = None  # also (data, fsdp, tensor) sizes or a mapping -> MeshConfig
   init_from: str | None = None  # a training workdir whose latest params start this run
   trajectories: TrajectoryData | None = None  # train on a Jacobi trajectory store instead
   teacher: TeacherData | None = None  # train on a DEER teacher store instead
@@ -164,7 +165,7 @@ def _mesh(spec) -> MeshConfig:
 # Fields that do not change what is trained: they may differ when a run resumes.
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
-                         "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor"})
+                         "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
 PATH_FIELDS = ("init_from", "trajectories.path", "teacher.path")

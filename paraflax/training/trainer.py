@@ -13,9 +13,9 @@ set aside with a warning; a params-only one is refused: see `Checkpoints.restore
 resumed run repeats an uninterrupted one exactly (no RNG state is saved).
 
 With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
-axis rules of `sharding.py`), each batch is split over its data axes, and the same pure
-`train_step` runs under `jax.jit` shardings; checkpoints are saved sharded and restore onto
-whatever mesh the resuming run uses. On several hosts (`paraflax.distributed`) every process
+axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split
+over its data axes, and the same pure `train_step` runs under `jax.jit` shardings;
+checkpoints are saved sharded and restore onto whatever mesh the resuming run uses. On several hosts (`paraflax.distributed`) every process
 runs `train` with the same config; only process 0 writes logs, config and plots.
 """
 
@@ -209,7 +209,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   cfg = with_resolved_paths(cfg)
   workdir = Path(workdir).expanduser().absolute()
   loss_fn = get_objective(cfg.objective, cfg.objective_args)
-  mesh = None if cfg.mesh is None else sharding.make_mesh(cfg.mesh)  # fits the devices?
+  mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
     return _train(cfg, workdir, loss_fn, mesh, progress=progress, max_steps=max_steps)
 
@@ -389,13 +389,18 @@ def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.Pat
   return train(cfg, workdir, progress=progress, max_steps=max_steps)
 
 
-def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None):
+def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None,
+                 axis_rules=None):
   """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
-  restored straight onto `mesh` (any shape, whatever mesh trained it) when given.
+  restored straight onto `mesh` (any shape, whatever mesh trained it) when given: a
+  `jax.sharding.Mesh` with Explicit or Auto axes whose own axis names `axis_rules` maps,
+  e.g. `{"tensor": "model"}` (see `sharding.resolve_mesh`; the params then live on the
+  equivalent Auto (data, fsdp, tensor) mesh over the same devices).
 
   The params files are verified against the step's checksums first: a file that differs is a
   `ChecksumError` naming it (no fallback here: resuming a run falls back, loading does not);
   a checkpoint saved without checksums loads with a `ChecksumWarning`."""
+  mesh = sharding.resolve_mesh(mesh, axis_rules)
   workdir = Path(workdir).expanduser()
   if not workdir.is_dir():
     raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")

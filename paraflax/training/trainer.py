@@ -15,8 +15,9 @@ resumed run repeats an uninterrupted one exactly (no RNG state is saved).
 With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
 axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split
 over its data axes, and the same pure `train_step` runs under `jax.jit` shardings;
-checkpoints are saved sharded and restore onto whatever mesh the resuming run uses. On several hosts (`paraflax.distributed`) every process
-runs `train` with the same config; only process 0 writes logs, config and plots.
+checkpoints are saved sharded and restore onto whatever mesh the resuming run uses. On
+several hosts (`paraflax.distributed`) every process runs `train` with the same config; only
+process 0 writes logs, config and plots.
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ def put(x, sharding: NamedSharding):
 
   A host value (numpy, or a single-device array) must be the same on every process: each
   process supplies its devices' slices of it. A global array is resharded. An array already
-  placed so (on Auto axes) is returned as is; otherwise the result is a copy that shares no buffer with `x`
-  (so donating it cannot delete `x`).
+  placed so (on Auto axes) is returned as is; otherwise the result is a copy that shares no
+  buffer with `x` (so donating it cannot delete `x`).
   """
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding),

@@ -155,3 +155,32 @@ def test_drafter_and_asarm_rows(workdir, tmp_path):
       assert 0.0 <= by_name[("assd_self", task)]["pass_at_1"] <= 1.0
     else:
       assert by_name[("assd_self", task)]["gen_ppl"] > 1
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("flags, match", [
+    (["--decoder", "deer"], "--decoder deer needs a draft model"),
+    (["--decoder", "speculative"], "--decoder speculative needs a draft model"),
+    (["--decoder", "jacobi", "--draft-workdir", "d"], "--decoder jacobi takes no draft model"),
+    (["--decoder", "ar", "--block-size", "4"], "--block-size does not apply to the ar decoder"),
+])
+def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, match):
+  argv = ["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x", *flags]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("paraflax generate: error:") and "\n" not in err
+  assert match in err and "missing" not in err
+
+
+@pytest.mark.slow
+def test_generate_decoder_picks_any_decoder_with_the_same_greedy_text(workdir, capsys):
+  """`--decoder NAME` (a drafter via --draft-workdir): every exact decoder prints AR's text."""
+  texts = {}
+  for flags in (["--decoder", "ar"], ["--decoder", "jacobi_mr", "--block-size", "4"],
+                ["--decoder", "speculative", "--draft-workdir", str(workdir)]):
+    assert cli.main(["generate", "--workdir", str(workdir), "--prompt", "def add(a, b):",
+                     "--max-new-tokens", "8", *flags]) == 0
+    out, err = capsys.readouterr()
+    texts[flags[1]] = out
+    assert ("drafter forwards" in err) == (flags[1] == "speculative")
+  assert len(set(texts.values())) == 1 and texts["ar"].startswith("def add(a, b):")

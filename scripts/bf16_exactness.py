@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from paraflax import Transformer, decoders, generate
-from paraflax.cli import humaneval_prompts
+from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.training import load_trained
 
 TINY_AR = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny_ar"

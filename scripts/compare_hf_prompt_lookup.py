@@ -20,7 +20,8 @@ import torch
 import transformers
 
 import paraflax as pf
-from paraflax.cli import CACHE, humaneval_prompts
+from paraflax.evaluation.humaneval import humaneval_prompts
+from paraflax.paths import CACHE
 from paraflax.training import load_trained
 
 jax.config.update("jax_default_matmul_precision", "highest")

@@ -155,3 +155,65 @@ def test_drafter_and_asarm_rows(workdir, tmp_path):
       assert 0.0 <= by_name[("assd_self", task)]["pass_at_1"] <= 1.0
     else:
       assert by_name[("assd_self", task)]["gen_ppl"] > 1
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("flags, match", [
+    (["--decoder", "deer"], "--decoder deer needs a draft model"),
+    (["--decoder", "speculative"], "--decoder speculative needs a draft model"),
+    (["--decoder", "jacobi", "--draft-workdir", "d"], "--decoder jacobi takes no draft model"),
+    (["--decoder", "ar", "--block-size", "4"], "--block-size does not apply to the ar decoder"),
+])
+def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, match):
+  argv = ["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x", *flags]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("paraflax generate: error:") and "\n" not in err
+  assert match in err and "missing" not in err
+
+
+@pytest.mark.slow
+def test_generate_decoder_picks_any_decoder_with_the_same_greedy_text(workdir, capsys):
+  """`--decoder NAME` (a drafter via --draft-workdir): every exact decoder prints AR's text."""
+  texts = {}
+  for flags in (["--decoder", "ar"], ["--decoder", "jacobi_mr", "--block-size", "4"],
+                ["--decoder", "speculative", "--draft-workdir", str(workdir)]):
+    assert cli.main(["generate", "--workdir", str(workdir), "--prompt", "def add(a, b):",
+                     "--max-new-tokens", "8", *flags]) == 0
+    out, err = capsys.readouterr()
+    texts[flags[1]] = out
+    assert ("drafter forwards" in err) == (flags[1] == "speculative")
+  assert len(set(texts.values())) == 1 and texts["ar"].startswith("def add(a, b):")
+
+
+@pytest.mark.fast
+def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir(
+    tmp_path, monkeypatch):
+  """`paraflax demo` with the stages, completions and bench faked: the stages' workdirs (one
+  given on the command line kept), --quick's 4 prompts x 32 tokens, the JSON in the cache."""
+  import collections
+  import types
+
+  import numpy as np
+
+  from paraflax.evaluation import demo
+  out = collections.namedtuple("Out", "tokens lengths")
+  tok = types.SimpleNamespace(encode=lambda text: [1], decode=lambda ids: "", eos_id=0)
+  runs = []
+  monkeypatch.setattr(cli, "CACHE", tmp_path)
+  monkeypatch.setattr(demo, "ensure", lambda name, b: b.cache / name)
+  monkeypatch.setattr(demo, "load_model", lambda workdir: (None, tok, None))
+  monkeypatch.setattr(demo, "humaneval_prompts", lambda encode, n, m: [[1, 2]] * n)
+  monkeypatch.setattr(demo, "generate", lambda model, prompts, **kw: out(
+      np.zeros((len(prompts), 2), np.int32), np.zeros(len(prompts), np.int32)))
+  monkeypatch.setattr(demo.suite, "run", lambda models, s, log=print: runs.append((models, s)))
+  assert cli.main(["demo", "--quick", "--tidar-workdir", "mine"]) == 0
+  (models, s), d = runs[-1], tmp_path / "demo"
+  assert models.workdir == str(d / "tiny_ar") and models.hf is None
+  assert models.jf_workdir == str(d / demo.JACOBI_FORCING) and models.tidar_workdir == "mine"
+  assert models.asarm_workdir == str(d / "asarm") and models.deer_workdir == str(d / "deer_drafter")
+  assert (s.prompts, s.max_new_tokens, s.json) == (4, 32, str(d / "bench.json"))
+  assert cli.main(["demo", "--hf", "hfdir", "--prompts", "2", "--json", "x.json"]) == 0
+  models, s = runs[-1]
+  assert (models.hf, models.workdir, s.prompts, s.max_new_tokens, s.json) == (
+      "hfdir", None, 2, 64, "x.json")

@@ -309,8 +309,9 @@ def test_drafter_configs():
 def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
   """ensure("deer_drafter") generates tiny_ar's teacher store once, trains Stage I then Stage II
   from it; ensure("ar_drafter") reuses the store."""
-  from paraflax import cli, training
+  from paraflax import training
   from paraflax.evaluation import demo
+  from paraflax.training import collect
   calls = []
 
   def fake_train(config, workdir, steps=None, overrides=None):
@@ -318,7 +319,7 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
     (Path(workdir) / "checkpoints" / "1").mkdir(parents=True)
 
   monkeypatch.setattr(training, "train_from_config_path", fake_train)
-  monkeypatch.setattr(cli, "teacher_data", lambda src, out, cfg: calls.append(
+  monkeypatch.setattr(collect, "teacher_data", lambda src, out, cfg: calls.append(
       ("teacher", Path(src).name, Path(out).name, cfg)))
   b = demo.Build(cache=tmp_path, configs=CONFIGS, shipped=tmp_path / "none")
   demo.ensure("deer_drafter", b)

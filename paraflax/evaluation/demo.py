@@ -5,7 +5,8 @@ collect that model's trajectories; the DEER drafters (and the small AR drafter t
 with) train on one teacher store of the `teacher` stage's greedy answers (`TEACHER` settings),
 generated once and shared. `ensure` returns a stage's workdir under the cache: reused
 when it holds a checkpoint, copied from the repository's shipped snapshot (`checkpoints/NAME`,
-params only) when there is one, trained otherwise (its dependencies first).
+params only) when there is one, trained otherwise (its dependencies first). `run` is
+`paraflax demo`: the stages, a few completions, then the bench of them all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import jax
+
+from paraflax import paths
+from paraflax.decoding.generate import generate
+from paraflax.evaluation import suite
+from paraflax.evaluation.humaneval import humaneval_prompts
+from paraflax.loading import load_model
 from paraflax.training.teacher import TeacherConfig
 from paraflax.training.trajectories import CollectConfig
 
@@ -85,7 +93,7 @@ class Build:
 def teacher_store(teacher: str, b: Build) -> Path:
   """The store of `teacher`'s greedy answers (`TEACHER`), generated once per build (resumed
   when a run was cut short; remade by a --retrain build)."""
-  from paraflax.cli import teacher_data
+  from paraflax.training.collect import teacher_data
   store = b.cache / f"{teacher}_teacher"
   key = f"{teacher}_teacher"
   if key not in b.built:
@@ -116,7 +124,7 @@ def ensure(name: str, b: Build) -> Path:
     source = ensure(stage.init_from, b)
     overrides["init_from"] = str(source)
   if stage.collect is not None:
-    from paraflax.cli import collect_trajectories
+    from paraflax.training.collect import collect_trajectories
     store = b.cache / f"{name}_trajectories"
     if b.retrain and store.exists():
       shutil.rmtree(store)
@@ -131,3 +139,35 @@ def ensure(name: str, b: Build) -> Path:
   if b.ship:
     ship(workdir, b.shipped / name)
   return workdir
+
+
+def run(models: suite.Models, s: suite.Settings, *, cache: Path = paths.CACHE, quick=False,
+        retrain=False, ship=False, steps=None, log=print) -> list:
+  """The tiny models (shipped or trained), a few completions, then the bench. `models.hf`
+  benches a local Hugging Face checkpoint instead; `quick` benches 4 prompts x 32 tokens.
+  Runs given in `models` replace the stages' own; the JSON goes to the cache by default."""
+  if quick:
+    s = dataclasses.replace(s, prompts=min(s.prompts, 4), max_new_tokens=min(s.max_new_tokens, 32))
+  s = dataclasses.replace(s, json=s.json or str(cache / "demo" / "bench.json"))
+  if models.hf:
+    log(f"\n[demo] bench of the Hugging Face checkpoint {models.hf} on HumanEval prompts:")
+    return suite.run(dataclasses.replace(models, workdir=None), s, log=log)
+  build = Build(cache=cache / "demo", configs=paths.CONFIGS, shipped=paths.SHIPPED,
+                retrain=retrain, ship=ship, steps=steps)
+  stage = lambda given, name: given or str(ensure(name, build))
+  models = dataclasses.replace(
+      models, workdir=str(ensure("tiny_ar", build)),
+      jf_workdir=stage(models.jf_workdir, JACOBI_FORCING),
+      tidar_workdir=stage(models.tidar_workdir, "tidar_continual"),
+      deer_workdir=stage(models.deer_workdir, "deer_drafter"),
+      ar_drafter_workdir=stage(models.ar_drafter_workdir, "ar_drafter"),
+      asarm_workdir=stage(models.asarm_workdir, "asarm"))
+  model, tok, _ = load_model(models.workdir)
+  log("\n[demo] HumanEval completions (greedy AR):")
+  prompts = humaneval_prompts(tok.encode, 3, 192)
+  out = jax.device_get(generate(model, prompts, max_new_tokens=48, eos_id=tok.eos_id))
+  for p, row, n in zip(prompts, out.tokens, out.lengths):
+    log("-" * 60 + "\n" + tok.decode(p[-60:]) + "\033[1m" + tok.decode(row[:n].tolist())
+        + "\033[0m")
+  log("\n[demo] bench on HumanEval prompts:")
+  return suite.run(models, s, log=log)

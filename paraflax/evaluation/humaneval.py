@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from paraflax.data.humaneval import Problem
+from paraflax.data.humaneval import Problem, load_humaneval
 
 # a completion ends where the model starts the next top-level statement (HumanEval's stops)
 STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
@@ -85,3 +85,19 @@ def pass_at_1(problems: Sequence[Problem], completions: Sequence[str], timeout: 
   with ThreadPoolExecutor(workers) as pool:
     ok = list(pool.map(lambda pc: passes(program(*pc), timeout), zip(problems, completions)))
   return sum(ok) / len(ok)
+
+
+def humaneval_prompts(encode, n: int, max_tokens: int) -> list[list[int]]:
+  """The first n HumanEval prompts, tokenised, keeping the last `max_tokens` tokens."""
+  return [encode(p.prompt)[-max_tokens:] for p in load_humaneval()[:n]]
+
+
+def greedy_pass_at_1(model, tok, prompts, max_new_tokens: int) -> float:
+  """pass@1 of the model's greedy completions of the first HumanEval problems (`prompts`: their
+  prompts, tokenised, as `humaneval_prompts` gives them)."""
+  import jax
+
+  from paraflax.decoding.generate import generate
+  out = jax.device_get(generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=tok.eos_id))
+  texts = [tok.decode(row[:n].tolist()) for row, n in zip(out.tokens, out.lengths)]
+  return pass_at_1(load_humaneval()[:len(prompts)], texts)

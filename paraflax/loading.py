@@ -1,0 +1,40 @@
+"""A model and its tokenizer from a paraflax workdir or a local Hugging Face directory alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load_model(workdir=None, hf=None):
+  """(model, tokenizer, encode) from `hf` (a Hugging Face checkpoint) or `workdir` (a training
+  run or a `paraflax convert` output)."""
+  from paraflax import hf as hf_io
+  if hf:
+    tok = hf_io.load_hf_tokenizer(hf)
+    return hf_io.load_hf(hf), tok, lambda text: hf_io.encode_prompt(tok, text)
+  from paraflax.training import load_trained
+  model, tok, _ = load_trained(workdir)
+  if (Path(workdir) / "hf_config.json").is_file():  # converted: keep the HF EOS/BOS
+    tok = hf_io.load_hf_tokenizer(workdir)
+    return model, tok, lambda text: hf_io.encode_prompt(tok, text)
+  return model, tok, tok.encode
+
+
+def load_related(workdir, tok, vocab_size: int, flag: str):
+  """A training run's model made with the base's tokenizer and vocabulary (a ValueError naming
+  `flag`, the option that gave `workdir`, otherwise)."""
+  from paraflax.training import load_trained
+  other, other_tok, _ = load_trained(workdir)
+  if other_tok.fingerprint() != tok.fingerprint() or other.cfg.vocab_size != vocab_size:
+    raise ValueError(f"{flag} {workdir!r} was not trained "
+                     "with the base model's tokenizer and vocabulary")
+  return other
+
+
+def load_drafter(workdir, hf, tok, vocab_size: int):
+  """A draft model (workdir or HF dir) that shares the verifier's tokenizer and vocabulary."""
+  draft, draft_tok, _ = load_model(workdir, hf)
+  if draft_tok.fingerprint() != tok.fingerprint() or draft.cfg.vocab_size != vocab_size:
+    raise ValueError(f"the drafter {workdir or hf!r} does not share the model's tokenizer and "
+                     "vocabulary")
+  return draft

@@ -126,6 +126,7 @@ def test_the_trainer_trains_on_a_source_registered_outside_paraflax(micro, tmp_p
                                                                     monkeypatch):
   monkeypatch.setitem(SOURCES, "test-rows", _Rows)
   cfg = dataclasses.replace(micro, data_source="test-rows", steps=2, eval_batches=1,
+                            model=dataclasses.replace(micro.model, n_layers=1),
                             checkpoint_every=2, eval_every=2)
   summary = train(cfg, tmp_path / "run", progress=False)
   assert summary["step"] == 2 and np.isfinite(summary["val_loss"])

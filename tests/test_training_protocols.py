@@ -137,3 +137,28 @@ def test_the_trainer_trains_on_a_source_registered_outside_paraflax(micro, tmp_p
                                        "max_seq_len 64"):
     train(apply_overrides(cfg, {"data_source_args.length": "80"}), tmp_path / "too-long",
           progress=False)
+
+
+@pytest.mark.fast
+def test_a_jsonl_file_is_a_data_source_of_packed_text_rows(micro, tmp_path, monkeypatch):
+  docs = [{"text": f"def f{i}(x):\n    return x * {i} + {i % 7}\n"} for i in range(200)]
+  docs += [{"prompt": f"# add {i}\n", "response": f"y = {i} + 1\n"} for i in range(50)]
+  (tmp_path / "data.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+  monkeypatch.chdir(tmp_path)
+  cfg = dataclasses.replace(micro, data_source="jsonl", data_source_args={"path": "data.jsonl",
+                                                                          "val_fraction": 0.2},
+                            data=dataclasses.replace(micro.data, seq_len=16, batch_size=2))
+  data = cfg.source.open(cfg.data, progress=False)
+  assert data.tokenizer.vocab_size <= 320 and data.max_position == 16
+  first = next(data.train)
+  assert first["tokens"].shape == (2, 16) and data.validation[0]["tokens"].shape == (2, 16)
+  state = data.train.get_state()
+  ahead = next(data.train)["tokens"]
+  data.train.set_state(state)
+  np.testing.assert_array_equal(next(data.train)["tokens"], ahead)  # resumes where it was
+  assert "'data.jsonl'" in data.tokenizer_source
+  from paraflax.training.config import with_resolved_paths
+  assert dict(with_resolved_paths(cfg).data_source_args)["path"] == str(tmp_path / "data.jsonl")
+  with pytest.raises(ValueError, match="leave no validation documents"):
+    get_source("jsonl", {"path": "data.jsonl", "val_fraction": 1e-9}).open(cfg.data,
+                                                                          progress=False)

@@ -23,7 +23,7 @@ from paraflax.data.pipeline import (
   validation_dataset,
 )
 from paraflax.data.source import SOURCES, DataSource, TrainData, get_source, register_source
-from paraflax.data.stdlib import StdlibData
+from paraflax.data.text import JsonlData, StdlibData
 from paraflax.data.tokenizer import SPECIAL_TOKENS, Tokenizer, load_or_train, train_tokenizer
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
   "DataConfig",
   "DataSource",
   "Document",
+  "JsonlData",
   "PairRecord",
   "Problem",
   "SOURCES",

@@ -8,10 +8,10 @@ trainer calls `open` without knowing which it is:
     data = source.open(cfg.data, progress=True)   # -> TrainData
     batch = next(data.train)                      # {field: [B, ...]}, `source.fields` keys
 
-Registered here by their own files: "stdlib" (packed rows of the standard-library corpus,
-`pipeline.py`), "trajectories" (packed Jacobi Forcing rows of a trajectory store,
-`training/jacobi_forcing.py`), "teacher" (prompt + answer rows of a DEER teacher store,
-`training/deer.py`).
+Registered by their own files: "stdlib" and "jsonl" (packed text rows of the standard-library
+corpus or of a JSON Lines file, `text.py`), "trajectories" (packed Jacobi Forcing rows of a
+trajectory store, `training/jacobi_forcing.py`), "teacher" (prompt + answer rows of a DEER
+teacher store, `training/deer.py`).
 """
 
 from __future__ import annotations

@@ -69,11 +69,12 @@ class TrainConfig:
   `objective_args` are keyword arguments for its loss (a mapping, stored as sorted pairs so
   the config stays hashable; values must be JSON-serialisable). `data_source` names a
   registered `DataSource` (`data/source.py`): "stdlib" (the corpus rows `data` describes),
-  "trajectories" (a Jacobi trajectory store), "teacher" (a DEER teacher store); its
-  `data_source_args` (stored as sorted pairs, defaults included; an argument named `path` is
-  a directory, saved resolved) are its fields, e.g. `{"path": "runs/store"}`, and `data`
-  gives batch_size and seed (and the corpus settings "stdlib" reads). The source's rows must
-  carry the batch fields the objective reads.
+  "jsonl" (the records of a JSON Lines file), "trajectories" (a Jacobi trajectory store),
+  "teacher" (a DEER teacher store); its `data_source_args` (stored as sorted pairs, defaults
+  included; an argument named `path` is a file or directory, saved resolved) are its fields,
+  e.g. `{"path": "runs/store"}`, and `data` gives batch_size and seed (and the text settings
+  "stdlib" and "jsonl" read). The source's rows must carry the batch fields the objective
+  reads.
   `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
   continual pretraining).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for

@@ -98,8 +98,10 @@ def test_source_and_objective_arguments_take_dotted_overrides(micro):
                     ({"data_source_args": "{}", "data_source_args.path": "x"}, "both whole")]:
     with pytest.raises(ValueError, match=says):
       apply_overrides(cfg, bad)
-  assert dict(apply_overrides(micro, {"objective_args.scale": "2"}).objective_args) == {
-      "scale": 2}
+  tidar = apply_overrides(micro, {"objective": "tidar", "objective_args.alpha": "2"})
+  assert dict(tidar.objective_args) == {"alpha": 2}
+  with pytest.raises(ValueError, match=r"objective 'ar' does not take objective_args \{'scale'"):
+    apply_overrides(micro, {"objective_args.scale": "2"})
   with pytest.warns(DeprecationWarning, match="'teacher.path' is now data_source_args.path"):
     assert apply_overrides(cfg, {"teacher.path": "old"}).data_source_args[0] == ("path", "old")
   with pytest.warns(DeprecationWarning), pytest.raises(

@@ -123,6 +123,7 @@ class TrainConfig:
     fields.check_fields(source, "data_source_args.")
     object.__setattr__(self, "data_source_args", source_args(source))
     obj = objective(self.objective)
+    obj.check_args(self.objective_args)
     missing = sorted(set(obj.fields) - {STEP} - set(source.fields))
     if missing:
       raise ValueError(f"objective {self.objective!r} reads batch fields {missing} that data "

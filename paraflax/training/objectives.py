@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,14 @@ class Objective:
   def bind(self, args: Any = ()) -> LossFn:
     """The loss with its keyword arguments bound: `loss_fn(model, batch, rng)`."""
     return functools.partial(self.loss, **dict(args))
+
+  def check_args(self, args: Any) -> None:
+    """Raise a one-line ValueError unless the loss takes these keyword arguments."""
+    try:
+      inspect.signature(self.loss).bind(None, None, None, **dict(args))
+    except TypeError as e:
+      raise ValueError(f"objective {self.name!r} does not take objective_args "
+                       f"{dict(args)}: {e}") from None
 
   @property
   def needs_step(self) -> bool:

@@ -117,28 +117,17 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
-  data = open_data(cfg, progress)
-  it, tokenizer = data.train, data.tokenizer
-  cfg.check_tokenizer(tokenizer)
-  check_workdir(cfg, workdir, tokenizer)
-  check_init_from(cfg, tokenizer, data.tokenizer_source)
-  if main:
-    write_json(workdir / CONFIG, cfg.to_dict())
-    tokenizer.save(workdir / TOKENIZER)
+  data = _checked_data(cfg, workdir, main, progress)
+  it = data.train
 
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
   place_key = (lambda k: k) if mesh is None else (
       lambda k: sharding.put(k, sharding.replicated(mesh)))
   train_key, eval_key = keys(cfg.seed)
   eval_key = place_key(eval_key)
-  if cfg.init_from is None:
-    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
-  else:
-    graphdef, params = initial_params(cfg, mesh)
+  graphdef, params, tx, opt_state = _initial_state(cfg, mesh)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   lr = optim.schedule(cfg.optim, cfg.schedule_steps)
-  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
-  opt_state = init_opt_state(tx, params, mesh)
   with_step = _with_step if needs_step else (lambda b, s: b)
   val = [place(with_step(b, cfg.steps))  # the step at the end of curricula
          for b in data.validation[:cfg.eval_batches]]
@@ -212,6 +201,29 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
   return summary
+
+
+def _checked_data(cfg: TrainConfig, workdir: Path, main: bool, progress: bool) -> TrainData:
+  """The opened data, once its tokenizer fits the model, a resumed workdir's config and
+  tokenizer match and `init_from` shares it; then process 0 saves config and tokenizer."""
+  data = open_data(cfg, progress)
+  cfg.check_tokenizer(data.tokenizer)
+  check_workdir(cfg, workdir, data.tokenizer)
+  check_init_from(cfg, data.tokenizer, data.tokenizer_source)
+  if main:
+    write_json(workdir / CONFIG, cfg.to_dict())
+    data.tokenizer.save(workdir / TOKENIZER)
+  return data
+
+
+def _initial_state(cfg: TrainConfig, mesh):
+  """(graphdef, params, tx, opt_state) before any step: fresh params or `init_from`'s."""
+  if cfg.init_from is None:
+    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  else:
+    graphdef, params = initial_params(cfg, mesh)
+  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
+  return graphdef, params, tx, init_opt_state(tx, params, mesh)
 
 
 def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):

@@ -17,7 +17,6 @@ the cores are free); validation loss 7.99 -> 2.48.
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.training.config import OptimConfig, TrainConfig
-from paraflax.training.deer import TeacherData
 
 
 def get_config() -> TrainConfig:
@@ -25,7 +24,8 @@ def get_config() -> TrainConfig:
       model=ModelConfig(vocab_size=2048, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
                         d_ff=192, max_seq_len=512, mask_token_id=2, sep_token_id=3),
       data=DataConfig(seq_len=256, batch_size=16, vocab_size=2048),  # batch size and seed only
-      teacher=TeacherData(path="~/.cache/paraflax/deer/teacher", val_fraction=0.05),
+      data_source="teacher",  # the teacher store made by the command above
+      data_source_args={"path": "~/.cache/paraflax/deer/teacher", "val_fraction": 0.05},
       objective="deer_stage1",
       optim=OptimConfig(peak_lr=3e-3, warmup_steps=100, end_lr_fraction=0.1, weight_decay=0.1),
       steps=2000,

@@ -11,7 +11,6 @@ import dataclasses
 from pathlib import Path
 
 from paraflax.training.config import OptimConfig, TrainConfig, load_config
-from paraflax.training.jacobi_forcing import TrajectoryData
 
 
 def get_config() -> TrainConfig:
@@ -19,7 +18,8 @@ def get_config() -> TrainConfig:
   return dataclasses.replace(
       base,
       init_from="checkpoints/tiny_ar",
-      trajectories=TrajectoryData(path="~/.cache/paraflax/jf/r1_trajectories", noise_window=4),
+      data_source="trajectories",  # the store made by the command above
+      data_source_args={"path": "~/.cache/paraflax/jf/r1_trajectories", "noise_window": 4},
       objective="jacobi_forcing",
       objective_args={"ar_weight": 10.0, "temperature": 1.0},
       optim=OptimConfig(peak_lr=5e-4, warmup_steps=20, end_lr_fraction=0.1, weight_decay=0.1),

@@ -10,12 +10,11 @@ import dataclasses
 from pathlib import Path
 
 from paraflax.training.config import TrainConfig, load_config
-from paraflax.training.jacobi_forcing import TrajectoryData
 
 
 def get_config() -> TrainConfig:
   return dataclasses.replace(
       load_config(Path(__file__).with_name("jacobi_forcing_r1.py")),
       init_from="runs/jf_r1",
-      trajectories=TrajectoryData(path="~/.cache/paraflax/jf/r2_trajectories", noise_window=2),
+      data_source_args={"path": "~/.cache/paraflax/jf/r2_trajectories", "noise_window": 2},
   )

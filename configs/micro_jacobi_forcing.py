@@ -1,19 +1,19 @@
 """Seconds-scale Jacobi Forcing run for tests: `micro_ar.py`'s model distilled on trajectories
-(set `init_from` and `trajectories.path` with `--set`)."""
+(set `init_from` and `data_source_args.path` with `--set`)."""
 
 import dataclasses
 from pathlib import Path
 
 from paraflax.training.config import TrainConfig, load_config
-from paraflax.training.jacobi_forcing import TrajectoryData
 
 
 def get_config() -> TrainConfig:
   return dataclasses.replace(
       load_config(Path(__file__).with_name("micro_ar.py")),
       init_from="runs/micro_ar",
-      trajectories=TrajectoryData(path="runs/micro_trajectories", noise_window=2,
-                                  val_fraction=0.25),
+      data_source="trajectories",
+      data_source_args={"path": "runs/micro_trajectories", "noise_window": 2,
+                        "val_fraction": 0.25},
       objective="jacobi_forcing",
       steps=6,
       eval_every=3,

@@ -299,7 +299,8 @@ def test_drafter_configs():
   assert (s1.model.mask_token_id, s1.model.sep_token_id) == (2, 3) and s2.model == s1.model
   assert s2.init_from == "runs/deer_stage1" and dict(s2.objective_args)["max_masked"] == 16
   assert ar.model == dataclasses.replace(s1.model, mask_token_id=None, sep_token_id=None)
-  assert ar.teacher == s1.teacher == s2.teacher and ar.data == s1.data
+  assert ar.data_source == s1.data_source == s2.data_source == "teacher"
+  assert ar.data_source_args == s1.data_source_args == s2.data_source_args and ar.data == s1.data
   assert ar.steps == s1.steps + s2.steps
   assert s1.model.vocab_size == base.vocab_size
   assert 0.2 < _n_params(s1.model) / _n_params(base) < 0.35
@@ -354,7 +355,8 @@ def runs(tmp_path_factory):
   model_cfg = pf.ModelConfig(vocab_size=320, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
                              d_ff=64, max_seq_len=64, mask_token_id=MASK, sep_token_id=SEP)
   base = TrainConfig(
-      model=model_cfg, teacher=deer.TeacherData(path=str(store), val_fraction=0.25),
+      model=model_cfg, data_source="teacher",
+      data_source_args={"path": str(store), "val_fraction": 0.25},
       data=DataConfig(seq_len=16, batch_size=4, vocab_size=320, max_files=2,
                       cache_dir=str(root / "data"), progress=False),
       optim=OptimConfig(peak_lr=1e-2, warmup_steps=2, weight_decay=0.0),

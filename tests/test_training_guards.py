@@ -21,7 +21,6 @@ from paraflax.training import apply_overrides, load_config, train, train_from_co
 from paraflax.training import teacher as tch
 from paraflax.training.__main__ import main as training_main
 from paraflax.training.config import config_differences, with_resolved_paths
-from paraflax.training.deer import TeacherData
 from paraflax.training.trainer import init_params
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "micro_ar.py")
@@ -78,7 +77,7 @@ def test_overrides_apply_together_whatever_their_order_and_types_are_checked(mic
   for bad, says in [({"model.two_stream": "1"}, "'model.two_stream' must be True or False"),
                     ({"log_every": "True"}, "'log_every' must be an int, got True"),
                     ({"model.vocab_size": "320.0"}, "'model.vocab_size' must be an int"),
-                    ({"teacher.path": "x"}, "teacher is None, not a config; set it whole"),
+                    ({"data_source_args.path": "x"}, "data source 'stdlib' takes \\[\\]"),
                     ({"mesh": "(1, 1, 1)", "mesh.data": "1"}, "set both whole and by its")]:
     with pytest.raises(ValueError, match=says):
       apply_overrides(micro, bad)
@@ -117,9 +116,11 @@ def test_init_from_across_two_tokenizers_is_refused_naming_both(micro, tmp_path)
 def test_directories_compare_resolved_however_spelled(micro, model, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "src").mkdir()
-  rel = dataclasses.replace(micro, init_from="src/", teacher=TeacherData(path="./store/"))
+  rel = dataclasses.replace(micro, init_from="src/", data_source="teacher",
+                            data_source_args={"path": "./store/"})
   abs_ = dataclasses.replace(micro, init_from=str(tmp_path / "src"),
-                             teacher=TeacherData(path=str(tmp_path / "store")))
+                             data_source="teacher",
+                             data_source_args={"path": str(tmp_path / "store")})
   assert config_differences(rel, abs_) == []
   assert config_differences(rel, dataclasses.replace(abs_, init_from=str(tmp_path))) != []
   assert with_resolved_paths(rel) == abs_  # what `train` saves and compares

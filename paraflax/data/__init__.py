@@ -1,4 +1,5 @@
-"""Data: stdlib code corpus, JSONL user data, HumanEval prompts, BPE tokenizer, grain pipelines."""
+"""Data: stdlib code corpus, JSONL user data, HumanEval prompts, BPE tokenizer, grain pipelines,
+the `DataSource` protocol and its registry (`source.py`)."""
 
 from paraflax.data.corpus import (
   Document,
@@ -21,19 +22,27 @@ from paraflax.data.pipeline import (
   validation_batches,
   validation_dataset,
 )
+from paraflax.data.source import SOURCES, DataSource, TrainData, get_source, register_source
+from paraflax.data.text import JsonlData, StdlibData
 from paraflax.data.tokenizer import SPECIAL_TOKENS, Tokenizer, load_or_train, train_tokenizer
 
 __all__ = [
   "Data",
   "DataConfig",
+  "DataSource",
   "Document",
+  "JsonlData",
   "PairRecord",
   "Problem",
+  "SOURCES",
   "SPECIAL_TOKENS",
+  "StdlibData",
   "TextRecord",
   "Tokenizer",
+  "TrainData",
   "corpus_name",
   "encode_documents",
+  "get_source",
   "heldout_prompts",
   "jsonl_documents",
   "load_documents",
@@ -43,6 +52,7 @@ __all__ = [
   "prepare_documents",
   "prepare_stdlib",
   "read_jsonl",
+  "register_source",
   "stdlib_documents",
   "stdlib_root",
   "token_stream",

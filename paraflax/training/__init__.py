@@ -1,20 +1,29 @@
-"""Training: configs, objectives registry, optimizer, resumable trainer, `load_trained`."""
+"""Training: configs, the objective and data-source registries, optimizer, resumable trainer,
+`load_trained`. Importing it registers every method's objective and data source."""
 
+from paraflax.training import ar as _ar  # noqa: F401  registers the "ar" objective
 from paraflax.training import asarm as _asarm  # noqa: F401  registers the "asarm" objective
-from paraflax.training import deer as _deer  # noqa: F401  registers "deer_stage1", "deer_stage2"
+from paraflax.training import deer as _deer  # noqa: F401  "deer_stage1", "deer_stage2", "teacher"
+from paraflax.training import jacobi_forcing as _jf  # noqa: F401  "jacobi_forcing", "trajectories"
 from paraflax.training import tidar as _tidar  # noqa: F401  registers the "tidar" objective
-from paraflax.training.config import OptimConfig, TrainConfig, apply_overrides, load_config
+from paraflax.training.config import OptimConfig, TrainConfig, load_config
 from paraflax.training.metrics import batch_fingerprint, plot_losses, read_metrics
 from paraflax.training.objectives import (
     OBJECTIVES,
+    Objective,
     cross_entropy,
     get_objective,
+    objective,
     register_objective,
 )
-from paraflax.training.trainer import evaluate, load_trained, train, train_from_config_path
+from paraflax.training.overrides import apply_overrides
+from paraflax.training.step import evaluate
+from paraflax.training.trainer import train, train_from_config_path
+from paraflax.training.workdir import load_trained
 
 __all__ = [
-    "OBJECTIVES", "OptimConfig", "TrainConfig", "apply_overrides", "batch_fingerprint",
-    "cross_entropy", "evaluate", "get_objective", "load_config", "load_trained", "plot_losses",
-    "read_metrics", "register_objective", "train", "train_from_config_path",
+    "OBJECTIVES", "Objective", "OptimConfig", "TrainConfig", "apply_overrides",
+    "batch_fingerprint", "cross_entropy", "evaluate", "get_objective", "load_config",
+    "load_trained", "objective", "plot_losses", "read_metrics", "register_objective", "train",
+    "train_from_config_path",
 ]

@@ -12,7 +12,7 @@ r_b = lo + (hi - lo) * ((u + b) / B mod 1) with one u ~ U(0, 1) per batch, so a 
 [lo, hi] evenly. [lo, hi] follows the curriculum of the paper's appendix: it starts at
 `rate_start` and moves linearly to `rate_end` over `ramp_steps` steps (the official script:
 15% -> [85%, 99%] over 5k steps). The step comes from `batch["step"]`, which the trainer adds
-for objectives marked `needs_step`; without it the end of the ramp is used.
+for objectives that declare the "step" field; without it the end of the ramp is used.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def lattice_visible(rng, rates_B: jax.Array, n: int) -> jax.Array:
   return ranks < m[:, None]
 
 
+@register_objective("asarm", fields=("tokens", "step"))
 def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
                rate_end: Sequence[float] = (0.85, 0.99), ramp_steps: int = 5000):
   """Query-stream cross entropy at the target positions of lattice-decomposed rows."""
@@ -69,7 +70,3 @@ def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
   logits, _ = model(tokens, pos, content, queries=Queries(pos, query))
   loss, acc = cross_entropy(logits, tokens, ~visible)
   return loss, {"accuracy": acc, "masking_rate": rates.mean()}
-
-
-asarm_loss.needs_step = True
-register_objective("asarm")(asarm_loss)

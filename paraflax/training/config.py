@@ -1,12 +1,13 @@
-"""Training configuration: frozen dataclasses, JSON round trip, dotted overrides, config files.
+"""Training configuration: frozen dataclasses, JSON round trip (schema-versioned), config files.
 
 A config file is a Python file exposing `get_config() -> TrainConfig` (see `configs/`).
-Variants: `dataclasses.replace`, or `apply_overrides(cfg, {"optim.peak_lr": 1e-3})`.
+Variants: `dataclasses.replace`, or `apply_overrides(cfg, {"optim.peak_lr": 1e-3})`
+(`overrides.py`). A config names its objective and its data source by their registered names
+(`objectives.py`, `data/source.py`) and imports no method.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
 import os
@@ -16,12 +17,15 @@ from typing import Any
 
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
+from paraflax.data.source import DataSource, as_pairs, get_source, source_args
 from paraflax.sharding import MeshConfig
 from paraflax.training import fields
-from paraflax.training.deer import TeacherData
-from paraflax.training.jacobi_forcing import TrajectoryData
+from paraflax.training.objectives import STEP, objective
+from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
+from paraflax.training.paths import resolve_path
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
+SCHEMA = 2  # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +62,21 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """One training run: model, data, optimiser, loop cadence and objective.
+  """One training run: model, data, optimiser, loop cadence, objective and data source.
 
   `steps` is the run length; `max_steps` of `train` may stop earlier without changing
-  the learning-rate schedule. `objective` names a function in `objectives.OBJECTIVES`;
-  `objective_args` are keyword arguments for it (a mapping, stored as sorted pairs so the
-  config stays hashable; values must be JSON-serialisable).
+  the learning-rate schedule. `objective` names a registered `objectives.Objective`;
+  `objective_args` are keyword arguments for its loss (a mapping, stored as sorted pairs so
+  the config stays hashable; values must be JSON-serialisable). `data_source` names a
+  registered `DataSource` (`data/source.py`): "stdlib" (the corpus rows `data` describes),
+  "jsonl" (the records of a JSON Lines file), "trajectories" (a Jacobi trajectory store),
+  "teacher" (a DEER teacher store); its `data_source_args` (stored as sorted pairs, defaults
+  included; an argument named `path` is a file or directory, saved resolved) are its fields,
+  e.g. `{"path": "runs/store"}`, and `data` gives batch_size and seed (and the text settings
+  "stdlib" and "jsonl" read). The source's rows must carry the batch fields the objective
+  reads.
   `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
-  continual pretraining). `trajectories` swaps the stdlib rows for packed Jacobi Forcing rows
-  (`jacobi_forcing.TrajectoryData`; then `data` gives only batch_size and seed). `teacher`
-  trains on raw prompt + answer rows of a DEER teacher store (`deer.TeacherData`; the same).
+  continual pretraining).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
   the rest, or a mapping such as `{"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}`)
   shards params, optimizer state and batches over a device mesh (`sharding.py`).
@@ -85,21 +94,16 @@ class TrainConfig:
   log_every: int = 10
   objective: str = "ar"
   objective_args: Any = ()  # Mapping[str, Any] or pairs -> tuple[tuple[str, Any], ...]
+  data_source: str = "stdlib"
+  data_source_args: Any = ()  # Mapping[str, Any] or pairs -> sorted pairs, defaults included
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) sizes or a mapping -> MeshConfig
   init_from: str | None = None  # a training workdir whose latest params start this run
-  trajectories: TrajectoryData | None = None  # train on a Jacobi trajectory store instead
-  teacher: TeacherData | None = None  # train on a DEER teacher store instead
 
   def __post_init__(self):
-    for name, cls in (("trajectories", TrajectoryData), ("teacher", TeacherData)):
-      value = getattr(self, name)
-      if isinstance(value, Mapping):  # from JSON or an override
-        object.__setattr__(self, name, _build(cls, value, name))
     if self.mesh is not None:
       object.__setattr__(self, "mesh", _mesh(self.mesh))
-    args = self.objective_args
-    pairs = tuple(sorted((dict(args) if not isinstance(args, Mapping) else args).items()))
-    object.__setattr__(self, "objective_args", pairs)
+    for name in ("objective_args", "data_source_args"):
+      object.__setattr__(self, name, as_pairs(getattr(self, name)))
     fields.check_fields(self)  # types first: the checks below compare numbers
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
@@ -108,8 +112,6 @@ class TrainConfig:
       raise ValueError(f"TrainConfig.eval_batches must be >= 1 or None, got {self.eval_batches}")
     if not 0 <= self.seed < 2**31:
       raise ValueError(f"TrainConfig.seed must be in [0, 2**31), got {self.seed}")
-    if self.trajectories is not None and self.teacher is not None:
-      raise ValueError("TrainConfig takes one data source: trajectories or teacher, not both")
     if self.data.seq_len > self.model.max_seq_len:
       raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
                        f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "
@@ -117,9 +119,21 @@ class TrainConfig:
     if self.data.vocab_size > self.model.vocab_size:
       raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
                        f"model.vocab_size={self.model.vocab_size}")
-    from paraflax.training.objectives import OBJECTIVES  # registry filled at import
-    if self.objective not in OBJECTIVES:
-      raise ValueError(f"unknown objective {self.objective!r}; registered: {sorted(OBJECTIVES)}")
+    source = get_source(self.data_source, self.data_source_args)
+    fields.check_fields(source, "data_source_args.")
+    object.__setattr__(self, "data_source_args", source_args(source))
+    obj = objective(self.objective)
+    obj.check_args(self.objective_args)
+    missing = sorted(set(obj.fields) - {STEP} - set(source.fields))
+    if missing:
+      raise ValueError(f"objective {self.objective!r} reads batch fields {missing} that data "
+                       f"source {self.data_source!r} does not give: it trains on data source "
+                       f"{obj.source!r} (set data_source and data_source_args)")
+
+  @property
+  def source(self) -> DataSource:
+    """The data source: `data_source` built with `data_source_args`."""
+    return get_source(self.data_source, self.data_source_args)
 
   @property
   def schedule_steps(self) -> int:
@@ -133,23 +147,38 @@ class TrainConfig:
                        f"model.vocab_size={self.model.vocab_size}")
 
   def to_dict(self) -> dict:
-    """JSON-serialisable nested dict (`from_dict` inverts it)."""
+    """JSON-serialisable nested dict with its `schema` (`from_dict` inverts it)."""
     d = dataclasses.asdict(self)
-    d["objective_args"] = dict(self.objective_args)
-    return d
+    for name in ("objective_args", "data_source_args"):
+      d[name] = dict(getattr(self, name))
+    return {"schema": SCHEMA, **d}
 
   @classmethod
   def from_dict(cls, d: Mapping) -> TrainConfig:
-    d = dict(d)
+    """The config of a `to_dict` of this or an older schema (`migrate`)."""
+    d = migrate(d)
     return cls(model=ModelConfig(**d.pop("model")), data=DataConfig(**d.pop("data")),
                optim=OptimConfig(**d.pop("optim")), **d)
 
 
-def _build(cls, value: Mapping, name: str):
-  try:
-    return cls(**value)
-  except TypeError as e:  # an unknown or missing field
-    raise ValueError(f"config field {name!r}: {e}") from None
+def migrate(d: Mapping) -> dict:
+  """A `to_dict` of any schema as the current one's fields (without `schema`).
+
+  Schema 1 (no `schema` key): `trajectories` and `teacher`, a store each or None, become
+  `data_source` + `data_source_args` (neither: "stdlib").
+  """
+  d = dict(d)
+  schema = d.pop("schema", 1)
+  if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= SCHEMA:
+    raise ValueError(f"config schema {schema!r} is not one this paraflax reads (1..{SCHEMA}): "
+                     "a config written by a newer paraflax?")
+  if schema == 1:
+    stores = [(k, v) for k in LEGACY_SOURCES if (v := d.pop(k, None)) is not None]
+    if len(stores) > 1:
+      raise ValueError("TrainConfig takes one data source: trajectories or teacher, not both")
+    if stores:
+      d["data_source"], d["data_source_args"] = stores[0]
+  return d
 
 
 def _mesh(spec) -> MeshConfig:
@@ -168,22 +197,21 @@ RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_ever
                          "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
-PATH_FIELDS = ("init_from", "trajectories.path", "teacher.path")
+PATH_FIELDS = ("init_from", "data_source_args.path")
 
 
-def resolve_path(path: str) -> str:
-  """`path` absolute, without `~`, `..`, symlinks or a trailing `/`."""
-  return str(Path(path).expanduser().resolve())
+def _get(cfg: TrainConfig, dotted: str):
+  obj = cfg
+  for name in dotted.split("."):
+    if obj is None:
+      return None
+    obj = dict(obj).get(name) if isinstance(obj, tuple) else getattr(obj, name)  # args: pairs
+  return obj
 
 
 def with_resolved_paths(cfg: TrainConfig) -> TrainConfig:
   """`cfg` with every `PATH_FIELDS` entry that is set resolved (`resolve_path`)."""
-  def get(dotted):
-    obj = cfg
-    for name in dotted.split("."):
-      obj = None if obj is None else getattr(obj, name)
-    return obj
-  paths = {k: get(k) for k in PATH_FIELDS}
+  paths = {k: _get(cfg, k) for k in PATH_FIELDS}
   return apply_overrides(cfg, {k: resolve_path(v) for k, v in paths.items() if v is not None})
 
 
@@ -204,68 +232,6 @@ def config_differences(saved: TrainConfig, given: TrainConfig) -> list[str]:
   a["optim.total_steps"], b["optim.total_steps"] = saved.schedule_steps, given.schedule_steps
   return [f"{k}: {a.get(k)!r} (saved) vs {b.get(k)!r} (given)"
           for k in sorted(set(a) | set(b)) if k not in RUN_CONTROL and a.get(k) != b.get(k)]
-
-
-def _parse(value: Any, annotation) -> Any:
-  """An override's value: a Python literal when the string is one ("1e-3", "None", "(1, 2)");
-  for a string field, the string itself unless it is a quoted string or None; for a float
-  field, an int as a float."""
-  if not isinstance(value, str):
-    return value
-  try:
-    parsed = ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return value  # a bare string such as a path
-  kinds = fields.options(annotation)
-  if str in kinds and not isinstance(parsed, str):
-    return None if parsed is None and type(None) in kinds else value
-  if float in kinds and type(parsed) is int:
-    return float(parsed)
-  return parsed
-
-
-@dataclasses.dataclass(frozen=True)
-class _Set:
-  value: Any
-
-
-def apply_overrides(cfg, overrides: Mapping[str, Any] | None):
-  """`cfg` with dotted overrides: `{"data.cache_dir": "/tmp/c", "steps": "50"}`.
-
-  String values are parsed as Python literals when they are one ("1e-3", "None", "(1, 2)").
-  Each value is type-checked against its field's annotation, then all of them are applied
-  together: each config is rebuilt once, so its checks see every override at once (their
-  order does not matter) and run once. Errors are one-line ValueErrors naming the field.
-  """
-  tree: dict[str, Any] = {}
-  for key, value in (overrides or {}).items():
-    obj, node, names = cfg, tree, key.split(".")
-    for i, name in enumerate(names):
-      known = {f.name for f in dataclasses.fields(obj)}
-      if name not in known:
-        raise ValueError(f"unknown config field {key!r}: {type(obj).__name__} has {sorted(known)}")
-      if i == len(names) - 1:
-        if isinstance(node.get(name), dict):
-          raise ValueError(f"config field {key!r} is set both whole and by its fields")
-        value = _parse(value, fields.field_types(type(obj))[name])
-        fields.check_value(type(obj), name, value, key, loose=True)
-        node[name] = _Set(value)
-        break
-      if isinstance(node.get(name), _Set):
-        raise ValueError(f"config field {'.'.join(names[:i + 1])!r} is set both whole and by "
-                         "its fields")
-      obj = getattr(obj, name)
-      if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"cannot set {key!r}: {'.'.join(names[:i + 1])} is {obj!r}, not a "
-                         "config; set it whole")
-      node = node.setdefault(name, {})
-  return _rebuild(cfg, tree)
-
-
-def _rebuild(obj, tree: Mapping[str, Any]):
-  changes = {k: v.value if isinstance(v, _Set) else _rebuild(getattr(obj, k), v)
-             for k, v in tree.items()}
-  return dataclasses.replace(obj, **changes) if changes else obj
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:

@@ -32,14 +32,18 @@ teacher's continuations.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from paraflax import masks
+from paraflax.data.source import TrainData, register_source
 from paraflax.masks import CLEAN, MASKED
 from paraflax.training.objectives import register_objective
+
+FIELDS = ("tokens", "prompt_lens", "lengths")  # the batch keys of teacher rows (`datasets`)
 
 
 def _check_ids(model, objective: str) -> tuple[int, int]:
@@ -53,10 +57,10 @@ def _check_ids(model, objective: str) -> tuple[int, int]:
 
 
 def _check_batch(batch, objective: str) -> None:
-  missing = {"tokens", "prompt_lens", "lengths"} - set(batch)
+  missing = set(FIELDS) - set(batch)
   if missing:
-    raise ValueError(f"the {objective!r} objective trains on teacher rows (TrainConfig.teacher); "
-                     f"the batch lacks {sorted(missing)}")
+    raise ValueError(f"the {objective!r} objective trains on teacher rows "
+                     f"(data_source='teacher'); the batch lacks {sorted(missing)}")
 
 
 def layout(tokens_BxW: jax.Array, lengths_B: jax.Array, prefix_B: jax.Array, sep_id: int):
@@ -128,7 +132,7 @@ def stage1_rows(batch, prefix_B, t_B, masked_BxT, mask_id: int, sep_id: int):
   return rows
 
 
-@register_objective("deer_stage1")
+@register_objective("deer_stage1", fields=FIELDS, source="teacher")
 def deer_stage1_loss(model, batch, rng, eps: float = 1e-3):
   """Stage I: truncate each teacher row inside its answer, insert SEP, mask the rest of the
   answer at a per-row rate t and reconstruct the masked tokens (masked-diffusion CE, 1/t)."""
@@ -192,7 +196,7 @@ def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id:
           "weights": cat(jnp.zeros((b, w)), weights), "masked": cat(jnp.zeros((b, w), bool), masked)}
 
 
-@register_objective("deer_stage2")
+@register_objective("deer_stage2", fields=FIELDS, source="teacher")
 def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.01,
                      blocks: int = 1):
   """Stage II: mask only the R ~ U(1, max_masked) answer tokens right after the prefix, see
@@ -227,16 +231,28 @@ def draft_mask(cache_lengths_B: jax.Array, slots: int, k: int) -> jax.Array:
 
 # ---- data ----
 
+@register_source("teacher")
 @dataclasses.dataclass(frozen=True)
 class TeacherData:
-  """Training data made of a teacher store (`paraflax teacher-data`): raw prompt + answer rows
-  (the objective builds its layout). The last `val_fraction` of the examples are held out."""
+  """The data source "teacher": raw prompt + answer rows of a teacher store (`paraflax
+  teacher-data`; the objective builds its layout), tokenized by the store's model's tokenizer.
+  The last `val_fraction` of the examples are held out."""
+  fields: ClassVar[tuple[str, ...]] = FIELDS
   path: str
   val_fraction: float = 0.05
 
   def __post_init__(self):
     if not 0.0 < self.val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+  def open(self, data, *, progress: bool = True) -> TrainData:
+    """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
+    del progress
+    from paraflax.training import store
+    it, val, meta = datasets(self, data.batch_size, data.seed)
+    return TrainData(it, val, store.load_tokenizer(self.path), max_position=row_length(meta),
+                     tokenizer_source=store.tokenizer_source(self.path, "teacher"),
+                     rows="teacher")
 
 
 def row_length(meta: dict) -> int:

@@ -7,12 +7,14 @@ loss (`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from paraflax import masks
+from paraflax.data.source import TrainData, register_source
 from paraflax.masks import CLEAN, NOISY, PROMPT
 from paraflax.training.objectives import cross_entropy, register_objective
 
@@ -94,14 +96,21 @@ def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
           "ar_targets": targets, "ar_weights": weights, "partner": partner, "kl_weights": kl}
 
 
+FIELDS = ("tokens", "positions", "kinds", "valid", "ar_targets", "ar_weights", "partner",
+          "kl_weights")  # the `example` keys
+
+
+@register_source("trajectories")
 @dataclasses.dataclass(frozen=True)
 class TrajectoryData:
-  """Training data made of a trajectory store (`paraflax collect-trajectories`).
+  """The data source "trajectories": packed rows of a trajectory store (`paraflax
+  collect-trajectories`), tokenized by the store's model's tokenizer.
 
   `noise_window` is Eq. 7's w. Each row draws a random phase o and gives block i the noise
   level W[(i + o) mod w], so every block index sees every level (Eq. 7 fixes o = 0). The last
   `val_fraction` of the store's examples are held out for validation.
   """
+  fields: ClassVar[tuple[str, ...]] = FIELDS
   path: str
   noise_window: int = 4
   val_fraction: float = 0.05
@@ -111,6 +120,17 @@ class TrajectoryData:
       raise ValueError(f"noise window must be >= 1, got {self.noise_window}")
     if not 0.0 < self.val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+  def open(self, data, *, progress: bool = True) -> TrainData:
+    """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
+    del progress
+    from paraflax.training import store
+    it, val, meta = datasets(self, data.batch_size, data.seed)
+    # a noisy block and its clean twin share positions
+    top = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"]
+    return TrainData(it, val, store.load_tokenizer(self.path), max_position=top,
+                     tokenizer_source=store.tokenizer_source(self.path, "trajectory"),
+                     rows="trajectory")
 
 
 def row_length(meta: dict) -> int:
@@ -130,8 +150,8 @@ def _stack(rows):
 
 
 def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
-  """(train iterator (checkpointable, infinite, shuffled), validation batches, meta, tokenizer
-  path) for a trajectory store. Batches: the `example` keys, each [batch_size, row_length]."""
+  """(train iterator (checkpointable, infinite, shuffled), validation batches, meta) of a
+  trajectory store. Batches: the `example` keys, each [batch_size, row_length]."""
   import grain
   from paraflax.training import trajectories
   data = trajectories.load(cfg.path)
@@ -151,7 +171,7 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
   return it, val, data.meta
 
 
-@register_objective("jacobi_forcing")
+@register_objective("jacobi_forcing", fields=FIELDS, source="trajectories")
 def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature: float = 1.0,
                         consistency: str = "soft"):
   """Progressive consistency loss + `ar_weight` x AR loss on the clean stream.

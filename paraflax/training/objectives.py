@@ -1,15 +1,19 @@
-"""Training objectives: pure `loss_fn(model, batch, rng, **args) -> (loss, metrics)`.
+"""The `Objective` protocol (a pure loss and what it reads) and its registry.
 
-An objective sees the model (merged inside the jitted step), the batch dict from the data
-pipeline (`{"tokens": int32 [B, L]}` for packed text) and a per-step PRNG key derived from
-(seed, step). It returns a scalar float32 loss and a dict of scalar metrics. New methods
-(Jacobi Forcing, TiDAR, AS-ARM, DEER) add a function here with `register_objective`; the
-trainer looks objectives up by `TrainConfig.objective` and never changes.
+A loss is `loss(model, batch, rng, **args) -> (loss, metrics)`: it sees the model (merged
+inside the jitted step), the batch dict of the run's data source and a per-step PRNG key
+derived from (seed, step), and returns a scalar float32 loss and a dict of scalar metrics.
+Each method registers its own from its own file (`ar.py`, `tidar.py`, `asarm.py`,
+`jacobi_forcing.py`, `deer.py`) with `register_objective`, declaring the batch `fields` it
+reads and the data `source` it trains on; the trainer looks objectives up by
+`TrainConfig.objective` and never branches on one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -17,27 +21,71 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraflax import masks
-
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
-OBJECTIVES: dict[str, LossFn] = {}
+
+STEP = "step"  # the batch field the trainer adds itself: the 0-based step, int32 [B]
 
 
-def register_objective(name: str, *, replace: bool = False) -> Callable[[LossFn], LossFn]:
-  """Decorator: make `fn` available as `TrainConfig(objective=name)`."""
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """A registered objective. Calling it calls its loss.
+
+  `fields`: the batch keys the loss reads; `"step"` (`STEP`) is added by the trainer, the
+  others must be among the data source's `fields`. `source`: the registered data source it
+  trains on (a config naming another one must give these fields too).
+  """
+
+  name: str
+  loss: LossFn
+  fields: tuple[str, ...] = ("tokens",)
+  source: str = "stdlib"
+
+  def __call__(self, model, batch, rng, **args):
+    return self.loss(model, batch, rng, **args)
+
+  def bind(self, args: Any = ()) -> LossFn:
+    """The loss with its keyword arguments bound: `loss_fn(model, batch, rng)`."""
+    return functools.partial(self.loss, **dict(args))
+
+  def check_args(self, args: Any) -> None:
+    """Raise a one-line ValueError unless the loss takes these keyword arguments."""
+    try:
+      inspect.signature(self.loss).bind(None, None, None, **dict(args))
+    except TypeError as e:
+      raise ValueError(f"objective {self.name!r} does not take objective_args "
+                       f"{dict(args)}: {e}") from None
+
+  @property
+  def needs_step(self) -> bool:
+    return STEP in self.fields
+
+
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register_objective(name: str, *, fields: tuple[str, ...] = ("tokens",),
+                       source: str = "stdlib",
+                       replace: bool = False) -> Callable[[LossFn], LossFn]:
+  """Decorator: make `fn` available as `TrainConfig(objective=name)`; returns `fn`."""
   def register(fn: LossFn) -> LossFn:
-    if name in OBJECTIVES and not replace and OBJECTIVES[name] is not fn:
+    if name in OBJECTIVES and not replace and OBJECTIVES[name].loss is not fn:
       raise ValueError(f"objective {name!r} is already registered; pass replace=True to override")
-    OBJECTIVES[name] = fn
+    OBJECTIVES[name] = Objective(name, fn, tuple(fields), source)
     return fn
   return register
 
 
-def get_objective(name: str, args: Any = ()) -> LossFn:
-  """The registered objective with its keyword arguments bound: `loss_fn(model, batch, rng)`."""
+def objective(name: str) -> Objective:
+  """The registered objective `name` (a clear ValueError for an unknown one)."""
   if name not in OBJECTIVES:
     raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)}")
-  return functools.partial(OBJECTIVES[name], **dict(args))
+  return OBJECTIVES[name]
+
+
+def get_objective(name: str, args: Any = ()) -> LossFn:
+  """The registered objective's loss with its keyword arguments bound: `loss_fn(model, batch,
+  rng)`."""
+  return objective(name).bind(args)
 
 
 def cross_entropy(logits_BxTxV, targets_BxT, weights_BxT=None):
@@ -47,29 +95,3 @@ def cross_entropy(logits_BxTxV, targets_BxT, weights_BxT=None):
   w = jnp.ones_like(nll) if weights_BxT is None else weights_BxT.astype(jnp.float32)
   denom = jnp.maximum(w.sum(), 1.0)
   return (nll * w).sum() / denom, (hit * w).sum() / denom
-
-
-@register_objective("ar")
-def ar(model, batch, rng):
-  """Next-token cross entropy on rows `tokens [B, L]`: positions 0..L-1, causal mask.
-
-  Packed text rows are full (packing leaves no padding), so all L-1 next-token targets count.
-  Optional keys (DEER teacher rows, for the small-AR-drafter baseline): `lengths [B]`, tokens
-  from there on are right padding (no key and no target); `prompt_lens [B]`, only tokens from
-  there on (the answer) are targets, the supervision the DEER drafter gets.
-  """
-  del rng  # deterministic objective
-  tokens_BxL = batch["tokens"]
-  b, l = tokens_BxL.shape
-  lengths_B = batch.get("lengths", jnp.full((b,), l, jnp.int32))
-  positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-  mask_BxLxL = masks.causal(lengths_B, l)
-  logits_BxLxV, _ = model(tokens_BxL, positions_BxL, mask_BxLxL)
-  weights = None
-  if "lengths" in batch or "prompt_lens" in batch:
-    target = jnp.arange(1, l)[None, :]  # the index of the token each position predicts
-    weights = target < lengths_B[:, None]
-    if "prompt_lens" in batch:
-      weights &= target >= batch["prompt_lens"][:, None]
-  loss, acc = cross_entropy(logits_BxLxV[:, :-1], tokens_BxL[:, 1:], weights)
-  return loss, {"accuracy": acc}

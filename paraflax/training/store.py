@@ -31,10 +31,11 @@ import tensorstore as ts
 from tqdm.auto import tqdm
 
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
+from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import read_json, write_json
 from paraflax.training import lock
-from paraflax.training.config import resolve_path
 from paraflax.training.interrupt import Interrupted
+from paraflax.training.paths import resolve_path
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
@@ -77,7 +78,7 @@ def writing(out: Path, *, what: str):
 
 
 def _resolved(meta: Mapping) -> dict:
-  """`meta` with its `source` directory resolved (see `config.resolve_path`)."""
+  """`meta` with its `source` directory resolved (see `paths.resolve_path`)."""
   source = meta.get("source")
   return {**meta, "source": resolve_path(source)} if source else dict(meta)
 
@@ -214,3 +215,13 @@ def read_store(path: str | os.PathLike, names, *, what: str,
     warnings.warn(f"{what} {str(path)!r} has no checksums (made before paraflax wrote them): "
                   "reading it unverified", ChecksumWarning, stacklevel=3)
   return meta, {k: np.asarray(open_array(path, k).read().result()) for k in names}
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+  """The tokenizer of the model that made the store at `path` (what training on it uses)."""
+  return Tokenizer.load(Path(path).expanduser() / TOKENIZER)
+
+
+def tokenizer_source(path: str | os.PathLike, kind: str) -> str:
+  """Where `load_tokenizer(path)` reads from, for messages."""
+  return f"{str(Path(path) / TOKENIZER)!r} (the {kind} store's)"

@@ -1,6 +1,6 @@
 """The training loop: one jitted pure step, periodic validation, resumable checkpoints.
 
-`train(cfg, workdir)` writes into `workdir`:
+`train(cfg, workdir)` writes into `workdir` (see `workdir.py`):
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
@@ -11,6 +11,10 @@ and resumes from the newest intact checkpoint there when one exists (a corrupt n
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
 (0-based) consumes the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a
 resumed run repeats an uninterrupted one exactly (no RNG state is saved).
+
+The loop knows no method: the config's registered `Objective` gives the loss and the batch
+fields it reads (the trainer adds `"step"` when it is one of them), its registered
+`DataSource` the batches, the tokenizer and how far its rows reach.
 
 With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by the logical
 axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split
@@ -32,54 +36,20 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import optax
-from flax import nnx
 from tqdm.auto import tqdm
 
-from paraflax.data.corpus import corpus_name
-from paraflax.data.pipeline import prepare_stdlib, train_iterator, validation_batches
 from paraflax import sharding
-from paraflax.config import ModelConfig
-from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import read_json, write_json
-from paraflax.model import Transformer
+from paraflax.data.source import TrainData
+from paraflax.json_io import write_json
 from paraflax.training import interrupt, lock, optim
-from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
-from paraflax.training.config import (TrainConfig, apply_overrides, config_differences, load_config,
-                                      with_resolved_paths)
+from paraflax.training.checkpoint import Checkpoints
+from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
-from paraflax.training.objectives import OBJECTIVES, get_objective
-
-CONFIG = "config.json"
-TOKENIZER = "tokenizer.json"
-
-
-def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx):
-  """One optimizer update. Pure: returns (params, opt_state, metrics of scalars)."""
-  def objective(p):
-    return loss_fn(nnx.merge(graphdef, p), batch, rng)
-
-  (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
-  updates, opt_state = tx.update(grads, opt_state, params)
-  params = optax.apply_updates(params, updates)
-  return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-
-def eval_step(graphdef, params, batch, rng, *, loss_fn):
-  """The objective's loss on one batch (no gradients)."""
-  return loss_fn(nnx.merge(graphdef, params), batch, rng)[0]
-
-
-def evaluate(model: nnx.Module, batches, loss_fn, rng: jax.Array) -> float:
-  """Mean loss of `model` over equally sized `batches` (what validation logs)."""
-  graphdef, params = nnx.split(model, nnx.Param)
-  step = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
-  return _mean_loss(step, params, batches, rng)
-
-
-def _mean_loss(step, params, batches, rng) -> float:
-  total = sum(step(params, b, rng) for b in batches)
-  return float(total) / len(batches)
+from paraflax.training.objectives import STEP, objective
+from paraflax.training.step import (eval_step, evaluate, init_opt_state, init_params,  # noqa: F401
+                                    jit_train_step, keys, mean_loss, train_step)
+from paraflax.training.workdir import (CONFIG, TOKENIZER, check_init_from, check_workdir,
+                                       initial_params, load_trained)
 
 
 class _Meter:
@@ -111,88 +81,14 @@ class _Meter:
     return rate
 
 
-def init_params(model_cfg: ModelConfig, seed: int, mesh=None):
-  """(graphdef, params) of a freshly initialised Transformer, built in one compiled call
-  (directly sharded on `mesh` when given: the same values as on one device).
-
-  The init key uses the `rbg` PRNG: XLA:CPU compiles a threefry sampler per parameter
-  (~0.2 s each), rbg costs a third of that. Training keys stay threefry (portable).
-  """
-  def init(k):
-    return nnx.split(Transformer(model_cfg, rngs=nnx.Rngs(params=k)), nnx.Param)[1]
-
-  graphdef, abstract = nnx.split(
-      nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-  out = None if mesh is None else sharding.state_shardings(abstract, mesh)
-  return graphdef, jax.jit(init, out_shardings=out)(jax.random.key(seed, impl="rbg"))
-
-
-def init_opt_state(tx: optax.GradientTransformation, params, mesh=None):
-  """`tx.init(params)`, sharded like the params it mirrors when `mesh` is given."""
-  if mesh is None:
-    return tx.init(params)
-  out = sharding.state_shardings(jax.eval_shape(tx.init, params), mesh)
-  return jax.jit(tx.init, out_shardings=out)(params)
-
-
-def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None):
-  """`train_step` jitted with params and optimizer state donated; on a mesh their output
-  shardings are pinned to those of `params` / `opt_state` (so every step compiles alike)."""
-  out = None
-  if mesh is not None:
-    out = (sharding.state_shardings(params, mesh), sharding.state_shardings(opt_state, mesh),
-           sharding.replicated(mesh))
-  return jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
-                 donate_argnums=(0, 1), out_shardings=out)
-
-
-def _keys(seed: int):
-  """(per-step training, validation) keys, derived from the seed."""
-  return jax.random.split(jax.random.key(seed), 2)
-
-
-def _check_workdir(cfg: TrainConfig, workdir: Path, tokenizer: Tokenizer) -> None:
-  """Refuse to resume a run trained with a different config or tokenizer."""
-  if (workdir / CONFIG).is_file():
-    saved = TrainConfig.from_dict(read_json(workdir / CONFIG))
-    diffs = config_differences(saved, cfg)
-    if diffs:
-      raise ValueError(f"config mismatch: workdir {str(workdir)!r} holds a run with a different "
-                       "config; use a fresh workdir (or set optim.total_steps to extend a run):\n  "
-                       + "\n  ".join(diffs))
-  if (workdir / TOKENIZER).is_file():
-    saved_tok = Tokenizer.load(workdir / TOKENIZER)
-    if saved_tok.fingerprint() != tokenizer.fingerprint():
-      raise ValueError(f"config mismatch: the tokenizer in {str(workdir)!r} differs from the one "
-                       "built from the data config (did the corpus change?); use a fresh workdir")
-
-
-def _tokenizer_source(cfg: TrainConfig) -> str:
-  """Where this run's tokenizer comes from, for messages."""
-  for kind, store in (("trajectory", cfg.trajectories), ("teacher", cfg.teacher)):
-    if store is not None:
-      return f"{str(Path(store.path) / TOKENIZER)!r} (the {kind} store's)"
-  name = corpus_name(cfg.data.val_fraction, cfg.data.max_files)
-  return (f"the tokenizer trained on the data config's corpus {name} "
-          f"(data.vocab_size={cfg.data.vocab_size}, cached in {cfg.data.cache_dir!r})")
-
-
-def _check_init_from(cfg: TrainConfig, tokenizer: Tokenizer) -> None:
-  """Refuse `init_from` weights learnt on other token ids than this run's data."""
-  if cfg.init_from is None:
-    return
-  file = Path(cfg.init_from) / TOKENIZER
-  if not file.is_file():
-    raise FileNotFoundError(f"init_from={cfg.init_from!r}: {str(file)!r} not found (not a "
-                            "training workdir or `paraflax convert` output)")
-  theirs = Tokenizer.load(file)
-  if theirs.fingerprint() != tokenizer.fingerprint():
-    raise ValueError(
-        f"tokenizer mismatch: init_from's weights were trained with {str(file)!r} (vocab "
-        f"{theirs.vocab_size}, fingerprint {theirs.fingerprint()[:12]}) but this run's data is "
-        f"tokenized with {_tokenizer_source(cfg)} (vocab {tokenizer.vocab_size}, fingerprint "
-        f"{tokenizer.fingerprint()[:12]}); train on data made with init_from's tokenizer "
-        "(e.g. a store collected from it) or drop init_from")
+def open_data(cfg: TrainConfig, progress: bool = True) -> TrainData:
+  """The run's data source opened with `cfg.data`; refuses rows reaching positions the model
+  has not got."""
+  data = cfg.source.open(cfg.data, progress=progress)
+  if data.max_position > cfg.model.max_seq_len:
+    raise ValueError(f"{data.rows} rows reach position {data.max_position}, above the model's "
+                     f"max_seq_len {cfg.model.max_seq_len}")
+  return data
 
 
 def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True,
@@ -209,41 +105,32 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   """
   cfg = with_resolved_paths(cfg)
   workdir = Path(workdir).expanduser().absolute()
-  loss_fn = get_objective(cfg.objective, cfg.objective_args)
+  obj = objective(cfg.objective)
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
-    return _train(cfg, workdir, loss_fn, mesh, progress=progress, max_steps=max_steps)
+    return _train(cfg, workdir, obj.bind(cfg.objective_args), obj.needs_step, mesh,
+                  progress=progress, max_steps=max_steps)
 
 
-def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
+def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, progress: bool,
            max_steps: int | None) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
-  it, val, tokenizer = _data(cfg, progress)
-  cfg.check_tokenizer(tokenizer)
-  _check_workdir(cfg, workdir, tokenizer)
-  _check_init_from(cfg, tokenizer)
-  if main:
-    write_json(workdir / CONFIG, cfg.to_dict())
-    tokenizer.save(workdir / TOKENIZER)
+  data = _checked_data(cfg, workdir, main, progress)
+  it = data.train
 
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
   place_key = (lambda k: k) if mesh is None else (
       lambda k: sharding.put(k, sharding.replicated(mesh)))
-  train_key, eval_key = _keys(cfg.seed)
+  train_key, eval_key = keys(cfg.seed)
   eval_key = place_key(eval_key)
-  if cfg.init_from is None:
-    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
-  else:
-    graphdef, params = _initial_params(cfg, mesh)
+  graphdef, params, tx, opt_state = _initial_state(cfg, mesh)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   lr = optim.schedule(cfg.optim, cfg.schedule_steps)
-  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
-  opt_state = init_opt_state(tx, params, mesh)
-  with_step = ((lambda b, s: {**b, "step": np.full(len(b["tokens"]), s, np.int32)})
-               if getattr(OBJECTIVES[cfg.objective], "needs_step", False) else (lambda b, s: b))
-  val = [place(with_step(b, cfg.steps)) for b in val[:cfg.eval_batches]]  # end of curricula
+  with_step = _with_step if needs_step else (lambda b, s: b)
+  val = [place(with_step(b, cfg.steps))  # the step at the end of curricula
+         for b in data.validation[:cfg.eval_batches]]
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
   start, restored = ckpt.restore_latest(params, opt_state)  # the newest intact step
@@ -257,7 +144,7 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
   eval_fn = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
 
   def validate(step: int) -> float:
-    val_loss = _mean_loss(eval_fn, params, val, eval_key)
+    val_loss = mean_loss(eval_fn, params, val, eval_key)
     log.write({"step": step, "val_loss": val_loss, "val_batches": len(val)})
     if main:
       plot_losses(workdir)
@@ -316,6 +203,29 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, mesh, *, progress: bool,
   return summary
 
 
+def _checked_data(cfg: TrainConfig, workdir: Path, main: bool, progress: bool) -> TrainData:
+  """The opened data, once its tokenizer fits the model, a resumed workdir's config and
+  tokenizer match and `init_from` shares it; then process 0 saves config and tokenizer."""
+  data = open_data(cfg, progress)
+  cfg.check_tokenizer(data.tokenizer)
+  check_workdir(cfg, workdir, data.tokenizer)
+  check_init_from(cfg, data.tokenizer, data.tokenizer_source)
+  if main:
+    write_json(workdir / CONFIG, cfg.to_dict())
+    data.tokenizer.save(workdir / TOKENIZER)
+  return data
+
+
+def _initial_state(cfg: TrainConfig, mesh):
+  """(graphdef, params, tx, opt_state) before any step: fresh params or `init_from`'s."""
+  if cfg.init_from is None:
+    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  else:
+    graphdef, params = initial_params(cfg, mesh)
+  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
+  return graphdef, params, tx, init_opt_state(tx, params, mesh)
+
+
 def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):
   """After Ctrl-C: save step `step` (params, optimizer state, data position) unless it is
   saved already, then raise `interrupt.Interrupted` saying where."""
@@ -325,49 +235,6 @@ def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, 
   raise interrupt.Interrupted(
       f"interrupted at step {step}: saved {where}; run the same command again to resume"
       if where else "interrupted before the first step: nothing to save")
-
-
-def _data(cfg: TrainConfig, progress: bool):
-  """(train iterator, validation batches, tokenizer): stdlib rows, packed Jacobi Forcing rows
-  of a trajectory store, or raw prompt + answer rows of a DEER teacher store (tokenizer of a
-  store: the one its model used)."""
-  if cfg.trajectories is not None:
-    from paraflax.training import jacobi_forcing
-    it, val, meta = jacobi_forcing.datasets(cfg.trajectories, cfg.data.batch_size, cfg.data.seed)
-    top, path = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"], \
-        cfg.trajectories.path
-  elif cfg.teacher is not None:
-    from paraflax.training import deer
-    it, val, meta = deer.datasets(cfg.teacher, cfg.data.batch_size, cfg.data.seed)
-    top, path = deer.row_length(meta), cfg.teacher.path
-  else:
-    data = prepare_stdlib(dataclasses.replace(cfg.data, progress=cfg.data.progress and progress))
-    return (train_iterator(data.train_tokens, cfg.data),
-            validation_batches(data.val_tokens, cfg.data), data.tokenizer)
-  if top > cfg.model.max_seq_len:
-    kind = "trajectory" if cfg.trajectories is not None else "teacher"
-    raise ValueError(f"{kind} rows reach position {top}, above the model's max_seq_len "
-                     f"{cfg.model.max_seq_len}")
-  return it, val, Tokenizer.load(Path(path).expanduser() / TOKENIZER)  # the store's model's
-
-
-def _initial_params(cfg: TrainConfig, mesh):
-  """(graphdef, params) of `cfg.model` holding `cfg.init_from`'s latest weights: any run whose
-  parameters have the same shapes (a diffusion model may add a mask token id). Parameters the
-  source lacks (an AS-ARM's query-stream vector) keep their fresh initialisation."""
-  source, _, _ = load_trained(cfg.init_from, mesh=mesh)
-  graphdef, params = init_params(cfg.model, cfg.seed, mesh)
-  loaded = dict(nnx.to_flat_state(nnx.split(source, nnx.Param)[1]))
-  fresh = dict(nnx.to_flat_state(params))
-  extra = sorted(set(loaded) - set(fresh))
-  clash = [k for k in loaded.keys() & fresh.keys()
-           if (loaded[k].shape, loaded[k].dtype) != (fresh[k].shape, fresh[k].dtype)]
-  if extra or clash:
-    raise ValueError(f"init_from={cfg.init_from!r} holds parameters of other shapes than "
-                     f"model config {cfg.model} (unknown: {extra[:3]}, other shapes: "
-                     f"{sorted(clash)[:3]})")
-  merged = nnx.from_flat_state({k: loaded.get(k, v) for k, v in fresh.items()})
-  return graphdef, merged
 
 
 class _NoLog:
@@ -390,41 +257,6 @@ def train_from_config_path(config_path: str | os.PathLike, workdir: str | os.Pat
   return train(cfg, workdir, progress=progress, max_steps=max_steps)
 
 
-def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None,
-                 axis_rules=None):
-  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
-  restored straight onto `mesh` (any shape, whatever mesh trained it) when given: a
-  `jax.sharding.Mesh` with Explicit or Auto axes whose own axis names `axis_rules` maps,
-  e.g. `{"tensor": "model"}` (see `sharding.resolve_mesh`; the params then live on the
-  equivalent Auto (data, fsdp, tensor) mesh over the same devices).
-
-  The params files are verified against the step's checksums first: a file that differs is a
-  `ChecksumError` naming it (no fallback here: resuming a run falls back, loading does not);
-  a checkpoint saved without checksums loads with a `ChecksumWarning`."""
-  mesh = sharding.resolve_mesh(mesh, axis_rules)
-  workdir = Path(workdir).expanduser()
-  if not workdir.is_dir():
-    raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")
-  for name in (CONFIG, TOKENIZER):
-    if not (workdir / name).is_file():
-      raise FileNotFoundError(f"{str(workdir / name)!r} not found: {str(workdir)!r} is not a "
-                              "paraflax training workdir")
-  cfg = TrainConfig.from_dict(read_json(workdir / CONFIG))
-  tokenizer = Tokenizer.load(workdir / TOKENIZER)
-  steps = []
-  if (workdir / CHECKPOINTS).is_dir():
-    ckpt = Checkpoints(workdir, create=False)
-    steps = list(ckpt.all_steps())
-  if not steps or (step is not None and step not in steps):
-    what = "no checkpoint" if not steps else f"no checkpoint of step {step} (saved: {steps})"
-    raise FileNotFoundError(f"{what} in {str(workdir / CHECKPOINTS)!r}")
-  step = max(steps) if step is None else step
-  graphdef, params_like = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
-  if mesh is not None:
-    params_like = sharding.abstract_state(params_like, mesh)
-  try:
-    params = ckpt.restore_params(step, params_like)
-  finally:
-    ckpt.close()
-  return nnx.merge(graphdef, params), tokenizer, cfg
+def _with_step(batch: dict, step: int) -> dict:
+  """`batch` with the field `"step"` (int32 [B]) for objectives that read it."""
+  return {**batch, STEP: np.full(len(batch["tokens"]), step, np.int32)}

@@ -1,0 +1,34 @@
+"""The AR objective "ar": next-token cross entropy, on packed stdlib rows or teacher rows."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from paraflax import masks
+from paraflax.training.objectives import cross_entropy, register_objective
+
+
+@register_objective("ar")
+def ar(model, batch, rng):
+  """Next-token cross entropy on rows `tokens [B, L]`: positions 0..L-1, causal mask.
+
+  Packed text rows are full (packing leaves no padding), so all L-1 next-token targets count.
+  Optional keys (DEER teacher rows, for the small-AR-drafter baseline): `lengths [B]`, tokens
+  from there on are right padding (no key and no target); `prompt_lens [B]`, only tokens from
+  there on (the answer) are targets, the supervision the DEER drafter gets.
+  """
+  del rng  # deterministic objective
+  tokens_BxL = batch["tokens"]
+  b, l = tokens_BxL.shape
+  lengths_B = batch.get("lengths", jnp.full((b,), l, jnp.int32))
+  positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+  mask_BxLxL = masks.causal(lengths_B, l)
+  logits_BxLxV, _ = model(tokens_BxL, positions_BxL, mask_BxLxL)
+  weights = None
+  if "lengths" in batch or "prompt_lens" in batch:
+    target = jnp.arange(1, l)[None, :]  # the index of the token each position predicts
+    weights = target < lengths_B[:, None]
+    if "prompt_lens" in batch:
+      weights &= target >= batch["prompt_lens"][:, None]
+  loss, acc = cross_entropy(logits_BxLxV[:, :-1], tokens_BxL[:, 1:], weights)
+  return loss, {"accuracy": acc}

@@ -1,0 +1,110 @@
+"""The package's shape: no import circles in `paraflax/training` and `paraflax/data` (imports
+anywhere in a file, module level or inside functions; a package `__init__` re-exporting its own
+children does not count), and no file under `training/` of 400 lines or more.
+
+`python tests/test_architecture.py` prints every circle of the whole package."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "paraflax"
+
+
+def _module(path: Path, root: Path) -> str:
+  parts = path.relative_to(root.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+  """{module: the paraflax modules it imports}, every import statement in the file counted."""
+  files = {_module(p, root): p for p in sorted(root.rglob("*.py"))}
+  graph = {}
+  for name, path in files.items():
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Import):
+        for alias in node.names:
+          parts = alias.name.split(".")
+          known = [".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                   if ".".join(parts[:i]) in files]
+          targets.update(known[:1])
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+          base = ".".join(anchor + ([base] if base else []))
+        for alias in node.names:
+          child = f"{base}.{alias.name}"
+          if child in files:
+            targets.add(child)
+          elif base in files:
+            targets.add(base)
+    if path.name == "__init__.py":  # re-exports of its own children do not count
+      targets = {t for t in targets if not t.startswith(name + ".")}
+    graph[name] = targets - {name}
+  return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module, each sorted (Tarjan)."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in sorted(graph.get(v, ())):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return sorted(out)
+
+
+def _touches(circle, packages) -> bool:
+  return any(m == p or m.startswith(p + ".") for m in circle for p in packages)
+
+
+@pytest.mark.fast
+def test_the_graph_sees_imports_inside_functions_and_skips_init_reexports():
+  graph = import_graph()
+  assert "paraflax.training.store" in graph["paraflax.training.teacher"]  # `from pkg import mod`
+  assert "paraflax.training.config" not in graph["paraflax.training"]
+  assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.fast
+def test_no_import_circles_in_training_and_data():
+  found = [c for c in circles(import_graph())
+           if _touches(c, ("paraflax.training", "paraflax.data"))]
+  assert found == [], found
+
+
+@pytest.mark.fast
+def test_training_files_stay_small():
+  long = {p.name: n for p in sorted((ROOT / "training").glob("*.py"))
+          if (n := len(p.read_text().splitlines())) >= 400}
+  assert long == {}, long
+
+
+if __name__ == "__main__":
+  for c in circles(import_graph()):
+    print(len(c), " ".join(c))

@@ -1,0 +1,166 @@
+"""Objectives and data sources as registered protocols: a config names them by name + arguments
+(schema 2; schema-1 configs with `trajectories` / `teacher` fields migrate, the shipped
+checkpoints among them), their arguments take dotted overrides, a batch field an objective reads
+must come from its source, and the trainer trains on a source it has never heard of."""
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from paraflax.data.pipeline import DataConfig, train_iterator, validation_batches
+from paraflax.data.source import SOURCES, TrainData, get_source, register_source
+from paraflax.data.tokenizer import train_tokenizer
+from paraflax.training import (OBJECTIVES, TrainConfig, apply_overrides, load_config, load_trained,
+                               train)
+from paraflax.training.config import SCHEMA, config_differences
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p for p in (ROOT / "checkpoints").iterdir() if (p / "config.json").is_file())
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+  cfg = load_config(ROOT / "configs" / "micro_ar.py")
+  return dataclasses.replace(cfg, data=dataclasses.replace(
+      cfg.data, cache_dir=str(tmp_path_factory.mktemp("data-cache")), progress=False))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("workdir", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_checkpoint_loads_its_schema_1_config_migrated(workdir):
+  old = json.loads((workdir / "config.json").read_text())
+  assert "schema" not in old  # written before data sources were registered
+  model, tokenizer, cfg = load_trained(workdir)
+  store = {k: v for k in ("trajectories", "teacher") if (v := old.get(k)) is not None}
+  assert cfg.data_source == (next(iter(store)) if store else "stdlib")
+  assert dict(cfg.data_source_args) == next(iter(store.values()), {})
+  assert model.cfg == cfg.model and tokenizer.vocab_size <= cfg.model.vocab_size
+  new = json.loads(json.dumps(cfg.to_dict()))
+  assert new["schema"] == SCHEMA and "teacher" not in new and "trajectories" not in new
+  assert TrainConfig.from_dict(new) == cfg == TrainConfig.from_dict(old)
+
+
+@pytest.mark.fast
+def test_configs_name_their_source_and_schema_1_dicts_migrate(micro):
+  jf = load_config(ROOT / "configs" / "jacobi_forcing_r2.py")
+  assert (jf.objective, jf.data_source) == ("jacobi_forcing", "trajectories")
+  assert dict(jf.data_source_args) == {"path": "~/.cache/paraflax/jf/r2_trajectories",
+                                       "noise_window": 2, "val_fraction": 0.05}  # defaults in
+  old = {k: v for k, v in jf.to_dict().items() if k not in ("schema", "data_source",
+                                                           "data_source_args")}
+  assert TrainConfig.from_dict({**old, "trajectories": dict(jf.data_source_args),
+                                "teacher": None}) == jf
+  with pytest.raises(ValueError, match="one data source: trajectories or teacher, not both"):
+    TrainConfig.from_dict({**old, "trajectories": {"path": "a"}, "teacher": {"path": "b"}})
+  with pytest.raises(ValueError, match="config schema 3 is not one this paraflax reads"):
+    TrainConfig.from_dict({**micro.to_dict(), "schema": 3})
+  assert config_differences(micro, TrainConfig.from_dict(micro.to_dict())) == []
+
+
+@pytest.mark.fast
+def test_objectives_declare_fields_and_the_source_must_give_them(micro):
+  assert OBJECTIVES["asarm"].needs_step and not OBJECTIVES["ar"].needs_step
+  assert {n: OBJECTIVES[n].source for n in ("ar", "tidar", "jacobi_forcing", "deer_stage1")} == {
+      "ar": "stdlib", "tidar": "stdlib", "jacobi_forcing": "trajectories",
+      "deer_stage1": "teacher"}
+  assert {"stdlib", "trajectories", "teacher"} <= set(SOURCES)
+  with pytest.raises(ValueError, match=r"objective 'deer_stage1' reads batch fields "
+                                       r"\['lengths', 'prompt_lens'\] .* data source 'teacher'"):
+    dataclasses.replace(micro, objective="deer_stage1")
+  teacher = dataclasses.replace(micro, objective="deer_stage1", data_source="teacher",
+                                data_source_args={"path": "s"})
+  assert dataclasses.replace(teacher, objective="ar").data_source == "teacher"  # a subset
+  with pytest.raises(ValueError, match="unknown data source 'nope'; registered: .*'stdlib'"):
+    dataclasses.replace(micro, data_source="nope")
+  with pytest.raises(ValueError, match="val_fraction must be in"):
+    get_source("teacher", {"path": "s", "val_fraction": 1.5})
+  with pytest.raises(ValueError, match="'data_source_args.path' must be a string, got 3"):
+    dataclasses.replace(teacher, data_source_args={"path": 3})
+  with pytest.raises(ValueError, match="already registered"):
+    register_source("stdlib")(type(get_source("teacher", {"path": "s"})))
+
+
+@pytest.mark.fast
+def test_source_and_objective_arguments_take_dotted_overrides(micro):
+  cfg = apply_overrides(micro, {"data_source_args.path": "store", "data_source": "teacher",
+                                "data_source_args.val_fraction": "0.5"})  # any order
+  assert cfg.data_source_args == (("path", "store"), ("val_fraction", 0.5))
+  assert apply_overrides(cfg, {"data_source_args.path": "other"}).data_source_args == (
+      ("path", "other"), ("val_fraction", 0.5))
+  assert apply_overrides(cfg, {"data_source": "stdlib"}).data_source_args == ()  # not carried
+  for bad, says in [({"data_source_args.val_fraction": "abc"}, "must be a number, got 'abc'"),
+                    ({"data_source_args.noise_window": "2"},
+                     r"data source 'teacher' takes \['path', 'val_fraction'\]"),
+                    ({"data_source_args": "{}", "data_source_args.path": "x"}, "both whole")]:
+    with pytest.raises(ValueError, match=says):
+      apply_overrides(cfg, bad)
+  tidar = apply_overrides(micro, {"objective": "tidar", "objective_args.alpha": "2"})
+  assert dict(tidar.objective_args) == {"alpha": 2}
+  with pytest.raises(ValueError, match=r"objective 'ar' does not take objective_args \{'scale'"):
+    apply_overrides(micro, {"objective_args.scale": "2"})
+  with pytest.warns(DeprecationWarning, match="'teacher.path' is now data_source_args.path"):
+    assert apply_overrides(cfg, {"teacher.path": "old"}).data_source_args[0] == ("path", "old")
+  with pytest.warns(DeprecationWarning), pytest.raises(
+      ValueError, match="this config's data_source is 'stdlib', not 'trajectories'"):
+    apply_overrides(micro, {"trajectories.path": "x"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+  """A source the trainer has never heard of: random rows of `length` tokens."""
+  fields: ClassVar[tuple[str, ...]] = ("tokens",)
+  length: int = 16
+
+  def open(self, data, *, progress=True):
+    tokens = np.random.default_rng(data.seed).integers(4, 260, 4000).astype(np.int32)
+    rows = DataConfig(seq_len=self.length, batch_size=data.batch_size, seed=data.seed)
+    tok = train_tokenizer(["def add(a, b):\n    return a + b\n"] * 20, 260)
+    return TrainData(train_iterator(tokens, rows), validation_batches(tokens[:800], rows), tok,
+                     max_position=self.length, tokenizer_source="test rows", rows="test")
+
+
+@pytest.mark.fast
+def test_the_trainer_trains_on_a_source_registered_outside_paraflax(micro, tmp_path,
+                                                                    monkeypatch):
+  monkeypatch.setitem(SOURCES, "test-rows", _Rows)
+  cfg = dataclasses.replace(micro, data_source="test-rows", steps=2, eval_batches=1,
+                            model=dataclasses.replace(micro.model, n_layers=1),
+                            checkpoint_every=2, eval_every=2)
+  summary = train(cfg, tmp_path / "run", progress=False)
+  assert summary["step"] == 2 and np.isfinite(summary["val_loss"])
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert (saved["schema"], saved["data_source"], saved["data_source_args"]) == (
+      SCHEMA, "test-rows", {"length": 16})
+  with pytest.raises(ValueError, match="test rows reach position 80, above the model's "
+                                       "max_seq_len 64"):
+    train(apply_overrides(cfg, {"data_source_args.length": "80"}), tmp_path / "too-long",
+          progress=False)
+
+
+@pytest.mark.fast
+def test_a_jsonl_file_is_a_data_source_of_packed_text_rows(micro, tmp_path, monkeypatch):
+  docs = [{"text": f"def f{i}(x):\n    return x * {i} + {i % 7}\n"} for i in range(200)]
+  docs += [{"prompt": f"# add {i}\n", "response": f"y = {i} + 1\n"} for i in range(50)]
+  (tmp_path / "data.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+  monkeypatch.chdir(tmp_path)
+  cfg = dataclasses.replace(micro, data_source="jsonl", data_source_args={"path": "data.jsonl",
+                                                                          "val_fraction": 0.2},
+                            data=dataclasses.replace(micro.data, seq_len=16, batch_size=2))
+  data = cfg.source.open(cfg.data, progress=False)
+  assert data.tokenizer.vocab_size <= 320 and data.max_position == 16
+  first = next(data.train)
+  assert first["tokens"].shape == (2, 16) and data.validation[0]["tokens"].shape == (2, 16)
+  state = data.train.get_state()
+  ahead = next(data.train)["tokens"]
+  data.train.set_state(state)
+  np.testing.assert_array_equal(next(data.train)["tokens"], ahead)  # resumes where it was
+  assert "'data.jsonl'" in data.tokenizer_source
+  from paraflax.training.config import with_resolved_paths
+  assert dict(with_resolved_paths(cfg).data_source_args)["path"] == str(tmp_path / "data.jsonl")
+  with pytest.raises(ValueError, match="leave no validation documents"):
+    get_source("jsonl", {"path": "data.jsonl", "val_fraction": 1e-9}).open(cfg.data,
+                                                                          progress=False)

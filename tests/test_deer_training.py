@@ -329,10 +329,10 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
   assert calls == [
       ("train", "tiny_ar", {}),
       ("teacher", "tiny_ar", "tiny_ar_teacher", demo.TEACHER),
-      ("train", "deer_drafter_stage1", {"teacher.path": store}),
+      ("train", "deer_drafter_stage1", {"data_source_args.path": store}),
       ("train", "deer_drafter", {"init_from": str(tmp_path / "deer_drafter_stage1"),
-                                 "teacher.path": store}),
-      ("train", "ar_drafter", {"teacher.path": store})]
+                                 "data_source_args.path": store}),
+      ("train", "ar_drafter", {"data_source_args.path": store})]
 
 
 # ---- trainer and CLI ----

@@ -129,9 +129,9 @@ def ensure(name: str, b: Build) -> Path:
     if b.retrain and store.exists():
       shutil.rmtree(store)
     collect_trajectories(source, store, stage.collect)
-    overrides["trajectories.path"] = str(store)
+    overrides["data_source_args.path"] = str(store)
   if stage.teacher is not None:
-    overrides["teacher.path"] = str(teacher_store(stage.teacher, b))
+    overrides["data_source_args.path"] = str(teacher_store(stage.teacher, b))
   print(f"[demo] training {name} ({b.configs / (stage.config + '.py')}) in {workdir}")
   train_from_config_path(b.configs / f"{stage.config}.py", workdir, steps=b.steps,
                          overrides=overrides)

@@ -54,8 +54,9 @@ def generate_fn(model, decoder: Decoder | None = None, max_new_tokens: int = 128
   settings are checked here, once; the returned
   `fn(params, prompts_BxP, lengths_B, rng, draft_params=None) -> GenerateOutput` does no host
   work: prompts are int32 [B, P] right-padded, lengths int32 [B] in 1..P, rng a typed key or
-  raw key data (uint32 [2]); P + max_new_tokens must fit the model's max_seq_len. Its result
-  equals `pf.generate` on the same padded prompts (which pads P to a power of two >= 8).
+  raw key data (uint32 [2]); each length + max_new_tokens must fit the model's max_seq_len
+  (unchecked here: `pf.generate` checks it). Its result equals `pf.generate` on the same
+  padded prompts (which pads P to a power of two >= 8: `checks.prepare_prompts`).
   """
   decoder, max_new_tokens, eos_id = check_setup(
       model.cfg, decoder, max_new_tokens, eos_id,

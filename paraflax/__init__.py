@@ -16,8 +16,8 @@ from paraflax.sharding import MeshConfig, make_mesh
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",
     "Queries", "RopeScaling", "Temperature", "TopK", "TopP", "Transformer", "commit",
-    "convert_hf", "decoders", "export_hf", "generate", "generate_fn", "generate_steps", "infill", "init_cache",
-    "load_hf", "load_hf_tokenizer",
+    "convert_hf", "decoders", "export_hf", "generate", "generate_fn", "generate_steps", "infill",
+    "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "sampling", "verify",
     "MeshConfig", "distributed", "make_mesh", "sharding",
 ]

@@ -118,7 +118,8 @@ def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id
   zeros = jnp.zeros((b,), jnp.int32)
   return cls(
       tokens=jnp.full((b, n), -1, jnp.int32), lengths=zeros, prompt_lens=prompt_lens,
-      cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros, draft_forwards=zeros,
+      cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros,
+      draft_forwards=zeros,
       accepted=jnp.zeros((steps, b), jnp.int32), step=jnp.zeros((), jnp.int32), rng=rng,
       eos_id=jnp.asarray(eos_id, jnp.int32), **fields)
 

@@ -3,9 +3,10 @@
 from paraflax import decoders, distributed, masks, sampling, sharding, verify
 from paraflax.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.config import ModelConfig, RopeScaling
-from paraflax.decoding.assd import HOLE, InfillOutput
+from paraflax.decoding.core import generate_fn
 from paraflax.decoding.generate import generate, generate_steps
 from paraflax.decoding.infill import infill
+from paraflax.decoding.lattice import HOLE, InfillOutput
 from paraflax.decoding.state import GenerateOutput
 from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
 from paraflax.model import Queries, Transformer
@@ -15,8 +16,8 @@ from paraflax.sharding import MeshConfig, make_mesh
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",
     "Queries", "RopeScaling", "Temperature", "TopK", "TopP", "Transformer", "commit",
-    "convert_hf", "decoders", "export_hf", "generate", "generate_steps", "infill", "init_cache",
-    "load_hf", "load_hf_tokenizer",
+    "convert_hf", "decoders", "export_hf", "generate", "generate_fn", "generate_steps", "infill",
+    "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "sampling", "verify",
     "MeshConfig", "distributed", "make_mesh", "sharding",
 ]

@@ -39,7 +39,7 @@ def main():
     known = {r["run"]: r for r in map(json.loads, Path(args.results).read_text().splitlines())}
   base, tok, _ = load_trained(args.base)
   prompts = humaneval_prompts(tok.encode, args.prompts, 192)
-  mr = decoders.Jacobi(16, num_blocks=2, pool_size=16, num_candidates=2)
+  mr = decoders.JacobiMR(16, num_blocks=2, pool_size=16, num_candidates=2)
   results, val = [], heldout_batches(tok)
   for wd in [args.base] + args.runs:
     if wd in known:

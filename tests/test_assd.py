@@ -14,7 +14,7 @@ from test_verify import assert_samples_the_joint, chi_square_pvalue
 import paraflax as pf
 from paraflax import masks
 from paraflax.decoders import ASSD, AnyOrder
-from paraflax.decoding.assd import HOLE
+from paraflax.decoding.lattice import HOLE
 from paraflax.decoding.generate import TRACES
 
 

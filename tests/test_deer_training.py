@@ -16,7 +16,7 @@ from flax import nnx
 from test_generate import reference_greedy
 
 import paraflax as pf
-from paraflax import masks
+from paraflax import deer_layout, masks
 from paraflax.decoding.state import Forward, prefill
 from paraflax.training import deer, get_objective, load_config
 from paraflax.training import teacher as tch
@@ -219,9 +219,10 @@ def test_stage2_blocks_see_nothing_from_their_cut_on(drafter):
 @pytest.mark.fast
 def test_training_block_logits_equal_a_decoding_forward_over_the_cache(drafter, k=3):
   """The layout contract: Stage II's training forward (the row's clean tokens, then two blocks
-  [<sep>, <mask> x k] after different cuts) gives each block the logits a decoder gets from
-  the prefix in the drafter's KV cache and one forward of [<sep>, <mask> x k] at positions
-  c..c+k; rows with different prompts and cuts."""
+  [<sep>, <mask> x k] after different cuts) gives each block the logits the DEER decoder's
+  drafting forward gets (`deer_layout.draft_inputs`, as `decoding/deer.py` calls it): the
+  prefix but its last token in the drafter's KV cache, then that unseen token and
+  [<sep>, <mask> x k] at positions c..c+k; rows with different prompts and cuts."""
   rng = np.random.default_rng(3)
   tokens = jnp.asarray(rng.integers(4, 48, (2, 11)), jnp.int32)
   batch = {"tokens": tokens, "prompt_lens": jnp.array([3, 5]), "lengths": jnp.array([9, 11])}
@@ -230,16 +231,19 @@ def test_training_block_logits_equal_a_decoding_forward_over_the_cache(drafter, 
   train = jax.jit(lambda r: deer.forward(drafter, r))(rows)[:, 11:].reshape(2, 2, k + 1, -1)
   fwd, draft = Forward.of(drafter), jax.jit(drafter)
   for blk, prefix in enumerate([jnp.array([3, 6]), jnp.array([5, 7])]):
-    cache, _ = jax.jit(prefill, static_argnums=3)(fwd, tokens[:, :8], prefix, 16)
-    chunk, positions = deer.draft_chunk(prefix, k, MASK, SEP)
-    assert chunk[0].tolist() == [SEP] + [MASK] * k
-    assert positions[1].tolist() == list(range(int(prefix[1]), int(prefix[1]) + k + 1))
-    mask = deer.draft_mask(cache.lengths, cache.slots, k)
-    np.testing.assert_array_equal(mask[1], np.concatenate(
-        [np.broadcast_to(np.arange(17) < prefix[1], (k + 1, 17)), np.ones((k + 1, k + 1), bool)],
+    cached = prefix - 1
+    cache, _ = jax.jit(prefill, static_argnums=3)(fwd, tokens[:, :8], cached, 16)
+    last = jnp.take_along_axis(tokens, cached[:, None], 1)
+    chunk, positions, mask = deer_layout.draft_inputs(
+        last, cached[:, None], jnp.ones((2, 1), bool), prefix, k, MASK, SEP, cache.lengths,
+        cache.slots)
+    assert chunk[0, 1:].tolist() == [SEP] + [MASK] * k
+    assert positions[1].tolist() == list(range(int(cached[1]), int(prefix[1]) + k + 1))
+    np.testing.assert_array_equal(mask[1, 1:], np.concatenate(  # the block's rows
+        [np.broadcast_to(np.arange(17) < cached[1], (k + 1, 17)), np.ones((k + 1, k + 2), bool)],
         1))
     decode, _ = draft(chunk, positions, mask, cache)
-    np.testing.assert_allclose(decode[:, 1:], train[:, blk, 1:], atol=1e-5)
+    np.testing.assert_allclose(decode[:, 2:], train[:, blk, 1:], atol=1e-5)
 
 
 # ---- objectives ----

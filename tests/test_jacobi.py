@@ -61,14 +61,16 @@ def test_jacobi_compiles_once(model):
 @pytest.mark.parametrize("dec, match", [
     (pf.decoders.Jacobi(0), "block_size >= 1"),
     (pf.decoders.Jacobi(4, sampler=pf.Temperature(0.7)), "Jacobi decoding is greedy"),
-    (pf.decoders.Jacobi(4, num_blocks=0), "num_blocks >= 1"),
-    (pf.decoders.Jacobi(4, num_blocks=2, spawn_threshold=0.0), "0 < spawn_threshold <= 1"),
-    (pf.decoders.Jacobi(4, num_blocks=2, spawn_threshold=1.5), "0 < spawn_threshold <= 1"),
-    (pf.decoders.Jacobi(4, pool_size=-1), "pool_size >= 0"),
-    (pf.decoders.Jacobi(4, pool_size=2, num_candidates=3), "num_candidates <= pool_size"),
-    (pf.decoders.Jacobi(4, pool_size=2), "needs num_candidates >= 1"),
-    (pf.decoders.Jacobi(1, pool_size=2, num_candidates=1), "need block_size >= 2"),
-    (pf.decoders.Jacobi(1, num_blocks=2), "need block_size >= 2"),
+    (pf.decoders.JacobiMR(4, num_blocks=0), "num_blocks >= 1"),
+    (pf.decoders.JacobiMR(4, num_blocks=2, spawn_threshold=0.0), "0 < spawn_threshold <= 1"),
+    (pf.decoders.JacobiMR(4, num_blocks=2, spawn_threshold=1.5), "0 < spawn_threshold <= 1"),
+    (pf.decoders.JacobiMR(4, pool_size=-1), "pool_size >= 0"),
+    (pf.decoders.JacobiMR(4, pool_size=2, num_candidates=3), "num_candidates <= pool_size"),
+    (pf.decoders.JacobiMR(4, pool_size=2), "needs num_candidates >= 1"),
+    (pf.decoders.JacobiMR(1, pool_size=2, num_candidates=1), "need block_size >= 2"),
+    (pf.decoders.JacobiMR(1, num_blocks=2), "need block_size >= 2"),
+    (pf.decoders.JacobiMR(0), "block_size >= 1"),
+    (pf.decoders.JacobiMR(4, sampler=pf.Temperature(0.7)), "JacobiMR decoding is greedy"),
 ])
 def test_bad_parameters_are_clear_errors(model, dec, match):
   with pytest.raises(ValueError, match=match):
@@ -77,15 +79,15 @@ def test_bad_parameters_are_clear_errors(model, dec, match):
 
 # ---- rejection recycling and multi-block decoding (MR) ----
 
-J = pf.decoders.Jacobi
+J, MR = pf.decoders.Jacobi, pf.decoders.JacobiMR
 MR_CONFIGS = {  # recycling, multi-block, both; block sizes 2, 4, 8; K in {2, 3}
-    "recycle-n2": J(2, pool_size=4, num_candidates=2),
-    "recycle-n8": J(8, pool_size=8, num_candidates=4),
-    "blocks-n4-k2": J(4, num_blocks=2),
-    "blocks-n8-k3": J(8, num_blocks=3, spawn_threshold=0.25),
-    "mr-n2-k3": J(2, num_blocks=3, pool_size=3, num_candidates=3, spawn_threshold=1.0),
-    "mr-n4-k2": J(4, num_blocks=2, pool_size=4, num_candidates=2),
-    "mr-n8-k2": J(8, num_blocks=2, pool_size=6, num_candidates=3, spawn_threshold=0.75),
+    "recycle-n2": MR(2, pool_size=4, num_candidates=2),
+    "recycle-n8": MR(8, pool_size=8, num_candidates=4),
+    "blocks-n4-k2": MR(4, num_blocks=2),
+    "blocks-n8-k3": MR(8, num_blocks=3, spawn_threshold=0.25),
+    "mr-n2-k3": MR(2, num_blocks=3, pool_size=3, num_candidates=3, spawn_threshold=1.0),
+    "mr-n4-k2": MR(4, num_blocks=2, pool_size=4, num_candidates=2),
+    "mr-n8-k2": MR(8, num_blocks=2, pool_size=6, num_candidates=3, spawn_threshold=0.75),
 }
 
 
@@ -127,10 +129,10 @@ def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   np.testing.assert_array_equal(st.finish(states[-1]).tokens, ar_mr.tokens)
   checked = 0
   for prev, cur in itertools.pairwise(states):
-    won = np.asarray(cur.extra.wins - prev.extra.wins)
+    won = np.asarray(cur.mr.wins - prev.mr.wins)
     if not won.any():
       continue
-    cands, valid = mr.pool_lookup(prev.extra.pool, prev.extra.ptr, st.last_tokens(prev), c)
+    cands, valid = mr.pool_lookup(prev.mr.pool, prev.mr.ptr, st.last_tokens(prev), c)
     for r in np.flatnonzero(won):
       lo, hi = int(prev.lengths[r]), int(cur.lengths[r])
       if hi == max_new:  # the buffer end may have cut the winner's tokens short
@@ -141,21 +143,21 @@ def test_recycling_and_multiblock_are_exercised(model, ar_mr):
                  for cd, v in zip(np.asarray(cands[r]), np.asarray(valid[r])))
       checked += 1
   assert checked > 0
-  assert int(states[-1].extra.promotions.sum()) > 0
-  assert int(max(s.extra.pacc.max() for s in states)) > 0  # some pseudo-accepted tokens
+  assert int(states[-1].mr.promotions.sum()) > 0
+  assert int(max(s.mr.pacc.max() for s in states)) > 0  # some pseudo-accepted tokens
   plain = next(pf.generate_steps(model, MR_PROMPTS, decoder=J(n), max_new_tokens=max_new))
-  assert plain.pending.kv.k.shape[2] == n and plain.extra.tokens.shape == (len(MR_PROMPTS), n - 1)
+  assert plain.pending.kv.k.shape[2] == n and plain.guesses.shape == (len(MR_PROMPTS), n - 1)
 
 
 def test_mr_compiles_once(model):
   rng = np.random.default_rng(3)
-  dec = J(4, num_blocks=2, pool_size=5, num_candidates=2, spawn_threshold=0.75)
-  before = TRACES["Jacobi"]
+  dec = MR(4, num_blocks=2, pool_size=5, num_candidates=2, spawn_threshold=0.75)
+  before = TRACES["JacobiMR"]
   for i in range(8):
     prompts = [list(rng.integers(0, 48, rng.integers(1, 17))) for _ in range(3)]
     pf.generate(model, prompts, decoder=dec, max_new_tokens=8, rng=jax.random.key(i),
                 max_prompt_len=16)
-  assert TRACES["Jacobi"] - before == 1
+  assert TRACES["JacobiMR"] - before == 1
 
 
 def test_pool_is_a_fifo_ring_keyed_by_first_token():

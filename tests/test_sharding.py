@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
 from paraflax import distributed, sharding
-from paraflax.decoding import assd
 from paraflax.decoding.state import Forward
 from paraflax.sharding import MeshConfig
 from paraflax.training import TrainConfig, apply_overrides, load_config
@@ -210,23 +209,25 @@ def _decoder_states():
   d = pf.decoders
   decoders = {
       "AR": [d.AR(), d.AR(hot)], "PromptLookup": [d.PromptLookup(2, 3)],
-      "Jacobi": [d.Jacobi(3), d.Jacobi(3, num_blocks=2, pool_size=2, num_candidates=1)],
+      "Jacobi": [d.Jacobi(3)], "JacobiMR": [d.JacobiMR(3, num_blocks=2, pool_size=2,
+                                                        num_candidates=1)],
       "TiDAR": [d.TiDAR(3), d.TiDAR(3, sampler=hot)],
-      "Speculative": [d.Speculative(2), d.Speculative(2, hot, drafter="diffusion")],
+      "Speculative": [d.Speculative(2), d.Speculative(2, hot)], "DEER": [d.DEER(2, hot)],
       "ASSD": [d.ASSD(3), d.ASSD(3, sampler=hot)], "AnyOrder": [d.AnyOrder()]}
   assert set(decoders) == set(d.__all__), "add the new decoder here"
   prompts, lens = jnp.zeros((2, 8), jnp.int32), jnp.array([3, 8], jnp.int32)
   canvas = jnp.full((2, 8), pf.HOLE, jnp.int32).at[:, 0].set(1)
   for name, decs in decoders.items():
     for dec in decs:
-      if name in ("ASSD", "AnyOrder"):
-        state = jax.eval_shape(lambda f, c, dec=dec: assd.init(f, dec, c, jax.random.key(0)),
+      if isinstance(dec, d.InfillDecoder):
+        state = jax.eval_shape(lambda f, c, dec=dec: dec.init(f, c, jax.random.key(0)),
                                fwds["two"], canvas)
       else:
         f = fwds["base"]
         draft = f if dec.uses_draft_model else None
         state = jax.eval_shape(lambda f, g, dec=dec: dec.init(
             f, g, prompts, lens, 4, jax.random.key(0), jnp.int32(-1)), f, draft)
+        assert type(state) is dec.State, name
       yield f"{name}({dec})", state
 
 

@@ -179,7 +179,7 @@ def test_stochastic_speculative_samples_the_ar_joint(monkeypatch, kind):
   sampler = pf.Temperature(1.0)
   prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
   joint = enumerated_ar_joint(model, sampler, prompt, n_new)
-  dec = pf.decoders.Speculative(2, sampler, drafter=kind)
+  dec = (pf.decoders.DEER if kind == "diffusion" else pf.decoders.Speculative)(2, sampler)
 
   def sample():
     out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
@@ -238,7 +238,7 @@ def _diffusion_block(drafter, width):
 def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
     small_target, diffusion_drafter, k):
   prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
-  dec = pf.decoders.Speculative(k, drafter="diffusion")
+  dec = pf.decoders.DEER(k)
   out = pf.generate(small_target, prompts, decoder=dec, max_new_tokens=N_NEW,
                     draft_model=diffusion_drafter)
   ar = pf.generate(small_target, prompts, max_new_tokens=N_NEW)
@@ -260,7 +260,7 @@ def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
 @pytest.mark.fast
 def test_deer_eos_loop_twin_and_compiles_once(small_target, diffusion_drafter):
   prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
-  dec = pf.decoders.Speculative(3, drafter="diffusion")
+  dec = pf.decoders.DEER(3)
   ar = pf.generate(small_target, prompts, max_new_tokens=16)
   eos = int(ar.tokens[1, 5])
   kw = {"decoder": dec, "max_new_tokens": 16, "eos_id": eos, "draft_model": diffusion_drafter}
@@ -272,19 +272,18 @@ def test_deer_eos_loop_twin_and_compiles_once(small_target, diffusion_drafter):
   for f in ("tokens", "lengths", "forwards", "draft_forwards", "accepted"):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
   rng = np.random.default_rng(2)
-  before = TRACES["Speculative"]
+  before = TRACES["DEER"]
   for i in range(12):
     rows = [list(rng.integers(0, 6, rng.integers(1, 17))) for _ in range(2)]
-    dec = pf.decoders.Speculative(4, pf.Temperature(float(rng.uniform(0.5, 2))),
-                                  drafter="diffusion")
+    dec = pf.decoders.DEER(4, pf.Temperature(float(rng.uniform(0.5, 2))))
     pf.generate(small_target, rows, decoder=dec, max_new_tokens=8, rng=jax.random.key(i),
                 max_prompt_len=16, draft_model=diffusion_drafter)
-  assert TRACES["Speculative"] - before == 1
+  assert TRACES["DEER"] - before == 1
 
 
 @pytest.mark.fast
 def test_deer_bad_drafters_are_clear_errors(small_target):
-  dec = pf.decoders.Speculative(2, drafter="diffusion")
+  dec = pf.decoders.DEER(2)
   for missing in ("mask_token_id", "sep_token_id"):
     plain = micro_model(seed=3, vocab_size=V_SMALL, d_model=16, n_layers=1,
                         **{**DEER_IDS, missing: None})
@@ -293,7 +292,22 @@ def test_deer_bad_drafters_are_clear_errors(small_target):
   with pytest.raises(ValueError, match="vocabulary"):
     pf.generate(small_target, [[1, 2]], decoder=dec,
                 draft_model=micro_model(seed=3, d_model=16, n_layers=1, **DEER_IDS))
-  with pytest.raises(ValueError, match="drafter must be one of"):
-    pf.decoders.Speculative(2, drafter="dlm").validate(small_target.cfg, small_target.cfg)
   with pytest.raises(ValueError, match="block_size >= 1"):
-    pf.decoders.Speculative(0, drafter="diffusion").validate(small_target.cfg, small_target.cfg)
+    pf.decoders.DEER(0).validate(small_target.cfg, small_target.cfg)
+
+
+@pytest.mark.fast
+def test_old_spellings_still_work_with_a_deprecation_warning():
+  d = pf.decoders
+  with pytest.warns(DeprecationWarning, match=r"use pf.decoders.DEER"):
+    assert d.Speculative(3, d.AR().sampler, drafter="diffusion") == d.DEER(3)
+  with pytest.warns(DeprecationWarning, match=r"drafter="):
+    assert d.Speculative(3, drafter="ar") == d.Speculative(3)
+  with pytest.raises(ValueError, match="drafter must be one of"):
+    d.Speculative(2, drafter="dlm")
+  with pytest.warns(DeprecationWarning, match=r"use pf.decoders.JacobiMR"):
+    old = d.Jacobi(16, num_blocks=2, pool_size=16, num_candidates=2)
+  assert old == d.JacobiMR(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
+  with pytest.warns(DeprecationWarning):
+    assert d.Jacobi(4, 2) == d.JacobiMR(4, num_blocks=2)  # the old positional order
+  assert type(d.Jacobi(4)) is d.Jacobi and type(d.Jacobi(4, pf.Greedy())) is d.Jacobi

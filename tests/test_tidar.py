@@ -188,7 +188,7 @@ def test_eos_loop_twin_and_commits(trained):
     live = ~np.asarray(s.done)
     np.testing.assert_array_equal(np.asarray(committed)[live],
                                   np.asarray(s.prompt_lens + s.lengths - 1)[live])
-    assert s.extra.tokens.shape == (4, k - 1) and s.extra.q is None
+    assert s.drafts.shape == (4, k - 1) and s.q is None
     assert s.pending.kv.k.shape[2] == k  # mask slots' keys are dropped, never committed
 
 

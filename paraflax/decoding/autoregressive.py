@@ -8,31 +8,23 @@ from flax import struct
 
 from paraflax import masks
 from paraflax.decoding import state as st
+from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 
 
 @struct.dataclass
-class AR:
+class AR(Decoder):
   """One token per forward. `sampler`: Greedy(), Temperature(t), TopK(k), TopP(p)."""
   sampler: object = struct.field(default_factory=Greedy)
-  uses_draft_model = False
 
   def validate(self, cfg, draft_cfg):
     self.sampler.validate()
-
-  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
-    return prompt_len + max_new_tokens
-
-  def max_steps(self, max_new_tokens: int) -> int:
-    # the first token comes from the prefill; keep one (idle) trace row when none are left
-    return max(max_new_tokens - 1, 1)
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
     return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
                     capacity=self.cache_capacity(prompts.shape[1], max_new_tokens),
-                    steps=self.max_steps(max_new_tokens), chunk=1, keep=1,
-                    sampler=self.sampler, rng=rng, eos_id=eos_id)
+                    chunk=1, keep=1, sampler=self.sampler, rng=rng, eos_id=eos_id)
 
   def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
     del draft

@@ -42,31 +42,95 @@ def _int_array(name: str, arr) -> np.ndarray:
   return arr
 
 
-def token_rows(prompts) -> list[list[int]]:
-  """The rows of `prompts` (a list of token-id lists or an int array [B, P]) as lists of
-  Python ints. Refuses a flat list, a string, floats and bools, naming the row."""
+def _row(i: int, row) -> np.ndarray:
+  """One prompt row (a list of ints or an int array [n]) as an int array, refusing floats
+  and bools with the first offender's position."""
+  if _is_array(row):
+    if row.ndim != 1:
+      raise ValueError(f"{LIST_OF_LISTS}: row {i} has shape {tuple(row.shape)}")
+    return _int_array(f"prompt row {i}", np.asarray(row))
+  if isinstance(row, (str, bytes)) or not isinstance(row, Iterable):
+    raise ValueError(f"{LIST_OF_LISTS}: row {i} is {type(row).__name__} {_short(row)}")
+  row = list(row)
+  kinds = set(map(type, row))  # a few types per row, whatever its length
+  if all(k is int or issubclass(k, np.integer) for k in kinds):
+    return np.asarray(row, np.int64).reshape(len(row))
+  for j, t in enumerate(row):  # only to name the offender (or to read 0-d int arrays)
+    if not is_int(t):
+      raise ValueError(f"prompt row {i} holds {t!r} ({type(t).__name__}) at position {j}: "
+                       "token ids must be integers")
+  return np.asarray([int(t) for t in row], np.int64).reshape(len(row))
+
+
+def token_rows(prompts) -> list[np.ndarray]:
+  """The rows of a list of token-id lists as int arrays (one conversion per row, no
+  per-token Python loop). Refuses a flat list, a string, floats and bools, naming the row."""
+  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+    raise ValueError(f"{LIST_OF_LISTS}, got {type(prompts).__name__} {_short(prompts)}")
+  return [_row(i, row) for i, row in enumerate(prompts)]
+
+
+def _bucket(n: int) -> int:
+  """Pad prompts to a power of two (>= 8) so new prompt lengths rarely retrace."""
+  return max(8, 1 << (n - 1).bit_length())
+
+
+def _as_matrix(prompts, lengths_arg):
+  """(tokens [B, W] int, lengths [B]) from an int array [B, P] or a list of rows."""
   if _is_array(prompts):
     if prompts.ndim != 2:
       raise ValueError(f"{LIST_OF_LISTS}, got an array of shape {tuple(prompts.shape)}")
-    return _int_array("prompts", prompts).tolist()
-  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
-    raise ValueError(f"{LIST_OF_LISTS}, got {type(prompts).__name__} {_short(prompts)}")
-  rows = []
-  for i, row in enumerate(prompts):
-    if _is_array(row):
-      if row.ndim != 1:
-        raise ValueError(f"{LIST_OF_LISTS}: row {i} has shape {tuple(row.shape)}")
-      rows.append(_int_array(f"prompt row {i}", row).tolist())
-      continue
-    if isinstance(row, (str, bytes)) or not isinstance(row, Iterable):
-      raise ValueError(f"{LIST_OF_LISTS}: row {i} is {type(row).__name__} {_short(row)}")
-    row = list(row)
-    for j, t in enumerate(row):
-      if not is_int(t):
-        raise ValueError(f"prompt row {i} holds {t!r} ({type(t).__name__}) at position {j}: "
-                         "token ids must be integers")
-    rows.append([int(t) for t in row])
-  return rows
+    arr = _int_array("prompts", np.asarray(prompts))
+    b, w = arr.shape
+    if lengths_arg is None:
+      return arr, np.full((b,), w, np.int32)
+    lengths = prompt_lengths(lengths_arg, b)
+    if b and np.any(lengths > w):
+      raise ValueError(f"prompt_lengths {lengths.tolist()} exceed the prompt width {w}")
+    return arr, lengths
+  rows = token_rows(prompts)
+  lengths = np.array([len(r) for r in rows], np.int32)
+  if lengths_arg is not None:
+    widths = set(lengths.tolist())
+    if len(widths) > 1:
+      raise ValueError("prompts [B, P] with prompt_lengths [B] expected, got rows of widths "
+                       f"{sorted(widths)}")
+    cut = prompt_lengths(lengths_arg, len(rows))
+    if rows and np.any(cut > lengths):
+      raise ValueError(f"prompt_lengths {cut.tolist()} exceed the prompt width {len(rows[0])}")
+    lengths = cut
+  arr = np.zeros((len(rows), int(lengths.max(initial=0))), np.int64)
+  for i, r in enumerate(rows):  # one copy per row
+    arr[i, :lengths[i]] = r[:lengths[i]]
+  return arr, lengths
+
+
+def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_len=None):
+  """Host-side checks and right padding, vectorised over the batch. Returns (prompts int32
+  [B, P], lengths int32 [B]); P is a power of two >= 8 unless `max_prompt_len` is given."""
+  arr, lengths = _as_matrix(prompts, prompt_lengths)
+  if lengths.size == 0:
+    raise ValueError("no prompts given: need a batch of at least one prompt")
+  if np.any(lengths < 1):
+    raise ValueError(f"empty prompt at batch rows {np.flatnonzero(lengths < 1).tolist()}: "
+                     "every prompt needs at least one token")
+  longest = int(lengths.max())
+  width = _bucket(longest) if max_prompt_len is None else integer(
+      "max_prompt_len", max_prompt_len, 1)
+  if longest > width:
+    raise ValueError(f"prompt of {longest} tokens is longer than the prompt buffer "
+                     f"max_prompt_len={width}")
+  arr = arr[:, :longest]
+  inside = np.arange(longest)[None, :] < lengths[:, None]
+  bad = inside & ((arr < 0) | (arr >= vocab_size))
+  if bad.any():
+    rows, cols = np.nonzero(bad)
+    pairs = list(zip(rows.tolist(), arr[rows, cols].tolist()))
+    raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): "
+                     f"(row, id) = {pairs[:5]}")
+  padded = np.zeros((arr.shape[0], width), np.int32)
+  padded[:, :longest] = np.where(inside, arr, 0)
+  return padded, lengths
 
 
 def prompt_lengths(lengths, batch: int) -> np.ndarray:

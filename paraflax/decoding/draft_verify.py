@@ -33,3 +33,15 @@ def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
   state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
   state, kept = st.emit(state, new, n_acc + 1)
   return state.replace(step=state.step + 1), logits, new, kept
+
+
+def check_drafter(name: str, block_size, cfg, draft_cfg, what: str) -> None:
+  """Host checks every separate-drafter decoder shares: block_size >= 1 and a draft model
+  (`what` it is) with the verifier's vocabulary."""
+  if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+    raise ValueError(f"{name} needs block_size >= 1, got {block_size!r}")
+  if draft_cfg is None:
+    raise ValueError(f"{name} needs draft_model= (the {what} to draft with)")
+  if draft_cfg.vocab_size != cfg.vocab_size:
+    raise ValueError(f"{name} needs the drafter's vocabulary to be the verifier's: "
+                     f"draft vocab_size {draft_cfg.vocab_size} != {cfg.vocab_size}")

@@ -20,58 +20,18 @@ import numpy as np
 from paraflax import sharding
 from paraflax.decoding import checks
 from paraflax.decoding import state as st
-from paraflax.decoding.autoregressive import AR
+from paraflax.decoding.checks import prepare_prompts  # noqa: F401  (its old home)
+from paraflax.decoding.core import check_setup, decode_loop
 
 # Trace counts per decoder class: a retrace per call means a shape or static value changes.
 TRACES: collections.Counter = collections.Counter()
 
 
-def _bucket(n: int) -> int:
-  """Pad prompts to a power of two (>= 8) so new prompt lengths rarely retrace."""
-  return max(8, 1 << (n - 1).bit_length())
-
-
-def prepare_prompts(prompts, vocab_size: int, prompt_lengths=None, max_prompt_len=None):
-  """Host-side checks and right padding. Returns (prompts int32 [B, P], lengths int32 [B])."""
-  rows = checks.token_rows(prompts)
-  if prompt_lengths is not None:
-    widths = {len(r) for r in rows}
-    if len(widths) > 1:
-      raise ValueError("prompts [B, P] with prompt_lengths [B] expected, got rows of widths "
-                       f"{sorted(widths)}")
-    lengths = checks.prompt_lengths(prompt_lengths, len(rows))
-    if rows and np.any(lengths > len(rows[0])):
-      raise ValueError(f"prompt_lengths {lengths.tolist()} exceed the prompt width {len(rows[0])}")
-    rows = [r[:n] for r, n in zip(rows, lengths)]
-  lengths = np.array([len(r) for r in rows], np.int32)
-  if len(rows) == 0:
-    raise ValueError("no prompts given: need a batch of at least one prompt")
-  if np.any(lengths < 1):
-    raise ValueError(f"empty prompt at batch rows {np.flatnonzero(lengths < 1).tolist()}: "
-                     "every prompt needs at least one token")
-  longest = int(lengths.max())
-  width = _bucket(longest) if max_prompt_len is None else checks.integer(
-      "max_prompt_len", max_prompt_len, 1)
-  if longest > width:
-    raise ValueError(f"prompt of {longest} tokens is longer than the prompt buffer "
-                     f"max_prompt_len={width}")
-  bad = [(i, t) for i, r in enumerate(rows) for t in r if not 0 <= t < vocab_size]
-  if bad:
-    raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): "
-                     f"(row, id) = {bad[:5]}")
-  padded = np.zeros((len(rows), width), np.int32)
-  for i, r in enumerate(rows):
-    padded[i, :len(r)] = r
-  return padded, lengths
-
-
 @functools.partial(jax.jit, static_argnames=("max_new_tokens",))
 def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
   TRACES[type(decoder).__name__] += 1
-  state = decoder.init(fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id)
-  state = sharding.constrain(state)  # no-op without a mesh
-  state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
-  return sharding.constrain_replicated(st.finish(state))
+  out = decode_loop(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens)
+  return sharding.constrain_replicated(out)
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_tokens",))
@@ -90,17 +50,10 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
   """Host checks and placement. Returns (jit arguments, the resolved mesh or None)."""
   cfg = model.cfg
   mesh = sharding.resolve_mesh(mesh, axis_rules)
-  decoder = AR() if decoder is None else decoder
-  max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, 1)
-  if decoder.uses_draft_model and draft_model is None:
-    raise ValueError(f"{type(decoder).__name__} needs draft_model=")
-  if not decoder.uses_draft_model and draft_model is not None:
-    raise ValueError(f"{type(decoder).__name__} does not use a draft_model")
-  decoder.validate(cfg, None if draft_model is None else draft_model.cfg)
-  eos_id = checks.integer("eos_id", eos_id, none_ok=True)
-  if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
-    raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
-  padded, lengths = prepare_prompts(prompts, cfg.vocab_size, prompt_lengths, max_prompt_len)
+  decoder, max_new_tokens, eos_id = check_setup(
+      cfg, decoder, max_new_tokens, eos_id, None if draft_model is None else draft_model.cfg)
+  padded, lengths = checks.prepare_prompts(prompts, cfg.vocab_size, prompt_lengths,
+                                           max_prompt_len)
   if int(lengths.max()) + max_new_tokens > cfg.max_seq_len:
     raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) "
                      f"exceeds the model's max_seq_len {cfg.max_seq_len}")
@@ -129,12 +82,14 @@ def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
   an enclosing `jax.set_mesh`, if any): run sharded over its devices, outputs replicated.
   `axis_rules` maps the library's mesh axes onto the mesh's own names, e.g.
   `{"tensor": "model"}` for `jax.make_mesh((2, 4), ("data", "model"))` (see
-  `sharding.resolve_mesh`); an unusable mesh is a ValueError before any device work.
+  `sharding.resolve_mesh`); an unusable mesh is a ValueError before any device work. The
+  compiled loop is `pf.generate_fn`'s pure function (host checks here, none there).
   """
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
   args, resolved = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
                           prompt_lengths, max_prompt_len, mesh, axis_rules)
+  max_new_tokens = int(max_new_tokens)
   with sharding.use_mesh(resolved):
     if loop == "while":
       out = _generate_while(*args, max_new_tokens=max_new_tokens)

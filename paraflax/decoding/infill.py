@@ -9,21 +9,34 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from paraflax.decoding import assd, checks
-from paraflax.decoding.assd import HOLE, AnyOrder, InfillOutput
+from paraflax.decoding import checks, lattice
+from paraflax.decoding.any_order import AnyOrder
 from paraflax.decoding.generate import TRACES
+from paraflax.decoding.lattice import HOLE, InfillOutput
+from paraflax.decoding.protocol import InfillDecoder, check_kind
 from paraflax.decoding.state import Forward
+
+
+def infill_loop(fwd, dec: InfillDecoder, canvas_BxN, rng) -> InfillOutput:
+  """The pure loop: `dec.init`, then `dec.step` while holes are left (jittable)."""
+  state = dec.init(fwd, canvas_BxN, rng)
+  return lattice.finish(jax.lax.while_loop(lattice.cond, lambda s: dec.step(fwd, s), state))
 
 
 @jax.jit
 def _infill_while(fwd, dec, canvas, rng):
   TRACES[type(dec).__name__] += 1
-  state = assd.init(fwd, dec, canvas, rng)
-  return assd.finish(jax.lax.while_loop(assd.cond, lambda s: assd.step(fwd, dec, s), state))
+  return infill_loop(fwd, dec, canvas, rng)
 
 
-_init = jax.jit(assd.init)
-_step = jax.jit(assd.step)
+@jax.jit
+def _init(fwd, dec, canvas, rng):
+  return dec.init(fwd, canvas, rng)
+
+
+@jax.jit
+def _step(fwd, dec, state):
+  return dec.step(fwd, state)
 
 
 def prepare_canvas(tokens_with_holes, cfg) -> np.ndarray:
@@ -63,7 +76,7 @@ def infill(model, tokens_with_holes, decoder=None, rng=None, *, loop: str = "whi
   ascending position order given every visible token (the lattice order); with a stochastic
   sampler (`rng=jax.random.key(seed)` required) the output is a sample of the model's joint
   over the holes."""
-  decoder = AnyOrder() if decoder is None else decoder
+  decoder = AnyOrder() if decoder is None else check_kind(decoder, InfillDecoder)
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
   decoder.validate(model.cfg)
@@ -74,6 +87,6 @@ def infill(model, tokens_with_holes, decoder=None, rng=None, *, loop: str = "whi
   if loop == "while":
     return _infill_while(fwd, decoder, canvas, rng)
   state = _init(fwd, decoder, canvas, rng)
-  while bool(assd.cond(state)):
+  while bool(lattice.cond(state)):
     state = _step(fwd, decoder, state)
-  return assd.finish(state)
+  return lattice.finish(state)

@@ -38,17 +38,24 @@ With K = 1 the RA is plain Jacobi's running window (always n-1 drafts, never don
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from paraflax import masks
 from paraflax.decoding import state as st
-from paraflax.sharding import axes
+from paraflax.decoding.protocol import Decoder
+from paraflax.sampling import Greedy
+from paraflax.sharding import axes, subtree
+
+MR_FIELDS = ("num_blocks", "spawn_threshold", "pool_size", "num_candidates")
 
 
 @struct.dataclass
 class MRState:
+  """The main stream and the n-gram pool."""
   drafts: jax.Array = axes("batch", None)  # [B, W] main stream after the pending token, W = K*n-1
   ra_len: jax.Array = axes("batch")  # [B] RA drafts left (always n-1 with K = 1)
   blocks: jax.Array = axes("batch")  # [B] pseudo-active blocks in flight, 0..K-1
@@ -144,21 +151,105 @@ def advance(m: MRState, g_main_BxT, g_win_BxN, n_win_B, nxt_B, active_B, n: int,
   return spawn(m, nxt_B, n, k, s)
 
 
-def init(state: st.DecodeState, n: int, k: int, pool_size: int, s: int) -> st.DecodeState:
-  """The MR stream after `st.start`: a fresh RA guessing the first token repeated."""
-  b = state.lengths.shape[0]
-  pend = state.tokens[:, 0]
+@struct.dataclass
+class JacobiMRState(st.DecodeState):
+  mr: MRState = subtree()  # the main stream and the n-gram pool
+
+
+def check_greedy_block(name: str, n, sampler):
+  """What plain and MR Jacobi both need: an int block size >= 1 and a greedy sampler."""
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"{name} needs block_size >= 1, got {n!r}")
+  if not sampler.greedy:
+    raise ValueError(f"{name} decoding is greedy (its fixed point is the greedy AR output); "
+                     f"got sampler {type(sampler).__name__}")
+
+
+@struct.dataclass
+class JacobiMR(Decoder):
+  """Jacobi Forcing's MR decoding: blocks of `block_size` n, greedy and exact.
+
+  num_blocks: blocks in flight (K); > 1 adds pseudo-active blocks after the real-active one.
+  spawn_threshold: r in (0, 1]; a block is spawned once the last one has ceil(r * n) decided
+    (or pseudo-accepted) tokens.
+  pool_size: recycled n-grams kept per row (0: no rejection recycling).
+  num_candidates: pool n-grams verified per step next to the main block (C <= pool_size).
+  """
+  block_size: int = struct.field(pytree_node=False, default=16)
+  num_blocks: int = struct.field(pytree_node=False, default=1)
+  spawn_threshold: float = struct.field(pytree_node=False, default=0.5)
+  pool_size: int = struct.field(pytree_node=False, default=0)
+  num_candidates: int = struct.field(pytree_node=False, default=0)
+  sampler: object = struct.field(default_factory=Greedy)
+  State = JacobiMRState
+
+  @property
+  def chunk_size(self) -> int:
+    """Tokens per forward: K blocks in flight plus C candidate blocks."""
+    return (self.num_blocks + self.num_candidates) * self.block_size
+
+  @property
+  def spawn_at(self) -> int:
+    """ceil(r * n) decided tokens before a new block is spawned (rounded first, so that
+    0.7 * 10 is 7, not 8)."""
+    return math.ceil(round(self.spawn_threshold * self.block_size, 6))
+
+  @property
+  def lookahead(self) -> int:
+    return self.block_size  # a step commits at most n rows (the RA block)
+
+  def validate(self, cfg, draft_cfg):
+    def is_int(x):
+      return isinstance(x, int) and not isinstance(x, bool)
+    n, k, r, p, c = (self.block_size, self.num_blocks, self.spawn_threshold, self.pool_size,
+                     self.num_candidates)
+    check_greedy_block("JacobiMR", n, Greedy())
+    if not is_int(k) or k < 1:
+      raise ValueError(f"JacobiMR needs num_blocks >= 1, got {k!r}")
+    if not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 < r <= 1:
+      raise ValueError(f"JacobiMR needs 0 < spawn_threshold <= 1, got {r!r}")
+    if not is_int(p) or p < 0:
+      raise ValueError(f"JacobiMR needs pool_size >= 0, got {p!r}")
+    if not is_int(c) or not 0 <= c <= p:
+      raise ValueError(f"JacobiMR needs 0 <= num_candidates <= pool_size ({p}), got {c!r}")
+    if p > 0 and c == 0:
+      raise ValueError(f"JacobiMR with pool_size={p} needs num_candidates >= 1 to read the pool")
+    if (k > 1 or c > 0) and n < 2:
+      raise ValueError("multi-block decoding and pool candidates need block_size >= 2, "
+                       f"got {n}")
+    check_greedy_block("JacobiMR", n, self.sampler)
+
+  def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
+    del draft
+    n, k = self.block_size, self.num_blocks
+    pend = jnp.zeros((prompts.shape[0],), jnp.int32)  # replaced once the first token exists
+    state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
+                     capacity=self.cache_capacity(prompts.shape[1], max_new_tokens),
+                     chunk=self.chunk_size, keep=n, sampler=self.sampler, rng=rng,
+                     eos_id=eos_id, cls=JacobiMRState,
+                     mr=new_stream(pend, n, k, self.pool_size, self.spawn_at))
+    return state.replace(mr=new_stream(state.tokens[:, 0], n, k, self.pool_size, self.spawn_at))
+
+  def step(self, fwd, draft, state: JacobiMRState) -> JacobiMRState:
+    del draft
+    return mr_step(fwd, state, self.block_size, self.num_blocks, self.num_candidates,
+                   self.spawn_at)
+
+
+def new_stream(pend_B, n: int, k: int, pool_size: int, s: int) -> MRState:
+  """A fresh RA guessing the pending token repeated, an empty pool."""
+  b = pend_B.shape[0]
   zeros = jnp.zeros((b,), jnp.int32)
-  m = MRState(drafts=jnp.repeat(pend[:, None], k * n - 1, 1), ra_len=zeros + n - 1,
+  m = MRState(drafts=jnp.repeat(pend_B[:, None], k * n - 1, 1), ra_len=zeros + n - 1,
               blocks=zeros, pacc=jnp.zeros((b, k - 1), jnp.int32),
               pool=jnp.full((b, pool_size, n), -1, jnp.int32), ptr=zeros, wins=zeros,
               promotions=zeros)
-  return state.replace(extra=spawn(m, pend, n, k, s))
+  return spawn(m, pend_B, n, k, s)
 
 
-def step(fwd, state: st.DecodeState, n: int, k: int, c: int, s: int) -> st.DecodeState:
+def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int) -> JacobiMRState:
   """One forward over [main stream | candidates]; see the module docstring."""
-  m: MRState = state.extra
+  m: MRState = state.mr
   b, w = m.drafts.shape
   tm = w + 1  # main stream slots, K*n
   rows = jnp.arange(b)
@@ -199,4 +290,4 @@ def step(fwd, state: st.DecodeState, n: int, k: int, c: int, s: int) -> st.Decod
     pool, ptr = pool_insert(m.pool, m.ptr, tail, ok)
     m = m.replace(pool=pool, ptr=ptr, wins=m.wins + (active & (win > 0)))
   m = advance(m, g[:, :tm], g_win, n_win, nxt, active, n, k, s)
-  return state.replace(step=state.step + 1, extra=m)
+  return state.replace(step=state.step + 1, mr=m)

@@ -10,14 +10,14 @@ from flax import struct
 from paraflax import verify
 from paraflax.decoding import state as st
 from paraflax.decoding.draft_verify import verify_drafts
+from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import axes
 
 
 @struct.dataclass
-class Context:
-  """PromptLookup's `state.extra`: the text the n-grams are looked up in."""
-  tokens: jax.Array = axes("batch", None)  # [B, P + N] prompt then output, -1 past the end
+class PromptLookupState(st.DecodeState):
+  context: jax.Array = axes("batch", None)  # [B, P + N] prompt then output, -1 past the end
 
 
 def lookup(context_BxC: jax.Array, length_B: jax.Array, max_ngram: int, num_tokens: int):
@@ -45,12 +45,12 @@ def lookup(context_BxC: jax.Array, length_B: jax.Array, max_ngram: int, num_toke
 
 
 @struct.dataclass
-class PromptLookup:
+class PromptLookup(Decoder):
   """Draft `num_tokens` tokens by n-gram lookup (n <= max_ngram) in prompt + output."""
   max_ngram: int = struct.field(pytree_node=False, default=3)
   num_tokens: int = struct.field(pytree_node=False, default=8)
   sampler: object = struct.field(default_factory=Greedy)
-  uses_draft_model = False
+  State = PromptLookupState
 
   def validate(self, cfg, draft_cfg):
     if self.num_tokens < 1:
@@ -59,11 +59,9 @@ class PromptLookup:
       raise ValueError(f"PromptLookup needs max_ngram >= 1, got {self.max_ngram}")
     self.sampler.validate()
 
-  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
-    return prompt_len + max_new_tokens + self.num_tokens
-
-  def max_steps(self, max_new_tokens: int) -> int:
-    return max(max_new_tokens - 1, 1)  # every step emits at least one token
+  @property
+  def lookahead(self) -> int:
+    return self.num_tokens
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
@@ -72,16 +70,16 @@ class PromptLookup:
     context = st.write_rows(context, jnp.zeros_like(prompt_lens), prompts, prompt_lens)
     k = self.num_tokens
     state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
-                     capacity=self.cache_capacity(p, max_new_tokens),
-                     steps=self.max_steps(max_new_tokens), chunk=k + 1, keep=k + 1,
-                     sampler=self.sampler, rng=rng, eos_id=eos_id, extra=Context(context))
-    return state.replace(extra=Context(st.write_rows(context, prompt_lens, state.tokens[:, :1],
-                                                     state.lengths)))
+                     capacity=self.cache_capacity(p, max_new_tokens), chunk=k + 1, keep=k + 1,
+                     sampler=self.sampler, rng=rng, eos_id=eos_id, cls=PromptLookupState,
+                     context=context)
+    return state.replace(context=st.write_rows(context, prompt_lens, state.tokens[:, :1],
+                                               state.lengths))
 
-  def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
+  def step(self, fwd, draft, state: PromptLookupState) -> PromptLookupState:
     del draft
     old_end = state.prompt_lens + state.lengths
-    drafts, _ = lookup(state.extra.tokens, old_end, self.max_ngram, self.num_tokens)
+    drafts, _ = lookup(state.context, old_end, self.max_ngram, self.num_tokens)
     q = verify.point_mass(drafts, fwd.cfg.vocab_size)
     state, _, new, kept = verify_drafts(fwd, state, drafts, q, self.sampler)
-    return state.replace(extra=Context(st.write_rows(state.extra.tokens, old_end, new, kept)))
+    return state.replace(context=st.write_rows(state.context, old_end, new, kept))

@@ -1,7 +1,8 @@
 """Loop state shared by all decoders, and the helpers every decoder uses.
 
-A decoder is `init` (prefill + first token) and `step` (one iteration), run by
-`lax.while_loop(cond, step, init)` or by the Python-loop twin in `generate.py`.
+A decoder (`protocol.Decoder`) is `init` (prefill + first token) and `step` (one iteration),
+run by `lax.while_loop(cond, step, init)` or by the Python-loop twin in `generate.py`. Its
+state is `DecodeState` or a subclass declaring the decoder's own fields in its own file.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def flush(state: "DecodeState") -> KVCache:
 
 @struct.dataclass
 class DecodeState:
-  """The loop state. Every field declares its logical axes (`sharding.axes`), which place it
-  on a mesh; a decoder's `extra` is a dataclass declaring its own (or None)."""
+  """The loop state every decoder shares. Every field declares its logical axes
+  (`sharding.axes`), which place it on a mesh; a decoder that needs more subclasses it (its
+  own fields declared the same way)."""
   tokens: jax.Array = axes("batch", None)  # [B, N] generated (N = max_new_tokens), -1 after end
   lengths: jax.Array = axes("batch")  # [B] tokens generated so far
   prompt_lens: jax.Array = axes("batch")  # [B]
@@ -81,7 +83,6 @@ class DecodeState:
   step: jax.Array = axes()  # [] iterations run
   rng: jax.Array = axes()  # PRNG key
   eos_id: jax.Array = axes()  # [] int32, -1 for none
-  extra: Any = subtree(default=None)  # decoder-specific state dataclass
 
 
 @struct.dataclass
@@ -104,25 +105,37 @@ def prefill(fwd: Forward, prompts_BxP, prompt_lens_B, capacity: int):
   return cache, logits[jnp.arange(b), prompt_lens_B - 1]
 
 
-def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id, extra=None):
+def max_steps(max_new_tokens: int) -> int:
+  """Loop iterations to reserve: every step emits >= 1 token and the first comes from the
+  prefill; keep one (idle) trace row when none are left."""
+  return max(max_new_tokens - 1, 1)
+
+
+def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id,
+              cls: type = DecodeState, **fields) -> DecodeState:
+  """A fresh `cls` state (DecodeState or a decoder's subclass, its own `fields` given)."""
   b, n = tokens_shape
   zeros = jnp.zeros((b,), jnp.int32)
-  return DecodeState(
+  return cls(
       tokens=jnp.full((b, n), -1, jnp.int32), lengths=zeros, prompt_lens=prompt_lens,
-      cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros, draft_forwards=zeros,
+      cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros,
+      draft_forwards=zeros,
       accepted=jnp.zeros((steps, b), jnp.int32), step=jnp.zeros((), jnp.int32), rng=rng,
-      eos_id=jnp.asarray(eos_id, jnp.int32), extra=extra)
+      eos_id=jnp.asarray(eos_id, jnp.int32), **fields)
 
 
 def start(fwd: Forward, prompts_BxP, prompt_lens_B, *, capacity: int, max_new_tokens: int,
-          steps: int, chunk: int, keep: int, sampler, rng, eos_id, extra=None) -> DecodeState:
+          chunk: int, keep: int, sampler, rng, eos_id, cls: type = DecodeState,
+          **fields) -> DecodeState:
   """Prefill, sample the first token from the last prompt logits, and build the loop state
-  with an empty pending commit shaped for a step's chunk (`chunk` tokens, `keep` rows)."""
+  (`cls` with its own `fields`) with an empty pending commit shaped for a step's chunk
+  (`chunk` tokens, `keep` rows)."""
   cache, logits = prefill(fwd, prompts_BxP, prompt_lens_B, capacity)
   rng, sub = jax.random.split(rng)
   first = sampler.sample(sub, logits)
   state = new_state((prompts_BxP.shape[0], max_new_tokens), prompt_lens_B, cache,
-                    no_pending(cache, chunk, keep), steps, rng, eos_id, extra)
+                    no_pending(cache, chunk, keep), max_steps(max_new_tokens), rng, eos_id,
+                    cls, **fields)
   return emit(state, first[:, None], jnp.ones_like(prompt_lens_B), record=False)[0]
 
 

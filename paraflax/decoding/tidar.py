@@ -30,13 +30,14 @@ from flax import struct
 from paraflax import masks, verify
 from paraflax.cache import ChunkKV, commit, init_cache
 from paraflax.decoding import state as st
+from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import axes
 
 
 @struct.dataclass
-class Drafts:
-  tokens: jax.Array = axes("batch", None)  # [B, k-1] drafts d_2..d_k for the next step
+class TiDARState(st.DecodeState):
+  drafts: jax.Array = axes("batch", None)  # [B, k-1] drafts d_2..d_k for the next step
   q: jax.Array | None = axes("batch", None, None)  # [B, k-1, V] their distributions (None: greedy)
 
 
@@ -45,7 +46,7 @@ def _is_int(x) -> bool:
 
 
 @struct.dataclass
-class TiDAR:
+class TiDAR(Decoder):
   """TiDAR decoding. `block_size` k: each forward feeds the decided token + k-1 drafts and k
   mask blocks of k slots (k + k*k query slots), emitting 1..k tokens. `beta` in [0, 1] weighs
   the AR logits against the diffusion logits in the target (1: trust AR, exactly the AR
@@ -54,7 +55,7 @@ class TiDAR:
   block_size: int = struct.field(pytree_node=False, default=8)
   beta: float = 1.0
   sampler: object = struct.field(default_factory=Greedy)
-  uses_draft_model = False
+  State = TiDARState
 
   def validate(self, cfg, draft_cfg):
     k, beta = self.block_size, self.beta
@@ -75,12 +76,9 @@ class TiDAR:
       raise ValueError(f"TiDAR needs 0 <= beta <= 1 (1 trusts AR), got {beta!r}")
     self.sampler.validate()
 
-  def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
-    # a step commits at most k rows, possibly past max_new_tokens
-    return prompt_len + max_new_tokens + self.block_size
-
-  def max_steps(self, max_new_tokens: int) -> int:
-    return max(max_new_tokens - 1, 1)  # every step decides at least one token
+  @property
+  def lookahead(self) -> int:
+    return self.block_size  # a step commits at most k rows, possibly past max_new_tokens
 
   def _mix(self, ar_logits, diff_logits):
     return self.beta * ar_logits + (1.0 - self.beta) * diff_logits
@@ -100,20 +98,20 @@ class TiDAR:
     rng, s_first, s_draft = jax.random.split(rng, 3)
     target = self._mix(logits[jnp.arange(b), prompt_lens - 1], logits[:, p])
     first = self.sampler.sample(s_first, target)
-    drafts = Drafts(*self.sampler.draft(s_draft, logits[:, p + 1:]))
+    drafts, q = self.sampler.draft(s_draft, logits[:, p + 1:])
     pending = st.no_pending(cache, k, k)
     state = st.new_state((b, max_new_tokens), prompt_lens, cache, pending,
-                         self.max_steps(max_new_tokens), rng, eos_id, drafts)
+                         self.max_steps(max_new_tokens), rng, eos_id, TiDARState,
+                         drafts=drafts, q=q)
     return st.emit(state, first[:, None], jnp.ones_like(prompt_lens), record=False)[0]
 
-  def step(self, fwd, draft, state: st.DecodeState) -> st.DecodeState:
+  def step(self, fwd, draft, state: TiDARState) -> TiDARState:
     del draft
     k = self.block_size
     b = state.lengths.shape[0]
     active = ~state.done
     cache = st.flush(state)
-    drafts = state.extra
-    inputs = jnp.concatenate([st.last_tokens(state)[:, None], drafts.tokens], 1)  # [B, k]
+    inputs = jnp.concatenate([st.last_tokens(state)[:, None], state.drafts], 1)  # [B, k]
     base = state.prompt_lens + state.lengths - 1  # position of the decided token (== cache len)
     pos_inputs = base[:, None] + jnp.arange(k)
     # block j (0-based) slot i (0-based) stands for the position i + 1 after causal input j
@@ -129,16 +127,16 @@ class TiDAR:
       n_acc = jnp.zeros((b,), jnp.int32)
       nxt = self.sampler.sample(s_verify, target_BxKxV[:, 0])
     else:
-      n_acc, nxt = verify.verify(s_verify, self.sampler, drafts.tokens, drafts.q, target_BxKxV)
+      n_acc, nxt = verify.verify(s_verify, self.sampler, state.drafts, state.q, target_BxKxV)
     # slots 2..k of block n_acc (after the accepted inputs) draft the next step
     chosen = jnp.take_along_axis(diff_BxKxKxV, n_acc[:, None, None, None], 1)[:, 0, 1:]
-    new_drafts = Drafts(*self.sampler.draft(s_draft, chosen))
-    new = jnp.concatenate([drafts.tokens, jnp.zeros((b, 1), jnp.int32)], 1)
+    new_drafts, new_q = self.sampler.draft(s_draft, chosen)
+    new = jnp.concatenate([state.drafts, jnp.zeros((b, 1), jnp.int32)], 1)
     new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_2..d_{n+1}, next, ...]
     src = jnp.broadcast_to(jnp.arange(k), (b, k))
     kv = ChunkKV(k=kv.k[:, :, :k], v=kv.v[:, :, :k])  # causal inputs only: slots never commit
     pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_acc + 1, 0))
-    state = state.replace(cache=cache, pending=pending, rng=rng, extra=new_drafts,
+    state = state.replace(cache=cache, pending=pending, rng=rng, drafts=new_drafts, q=new_q,
                           forwards=state.forwards + active)
     state, _ = st.emit(state, new, n_acc + 1)
     return state.replace(step=state.step + 1)

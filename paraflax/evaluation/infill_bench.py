@@ -27,8 +27,9 @@ import numpy as np
 
 from paraflax import masks
 from paraflax.data.humaneval import Problem
-from paraflax.decoding.assd import HOLE, AnyOrder
+from paraflax.decoding.any_order import AnyOrder
 from paraflax.decoding.infill import infill
+from paraflax.decoding.lattice import HOLE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,11 +32,11 @@ def sampler_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0):
 DECODERS = {
     "ar": (lambda n, s: decoders.AR(s), None, False),
     "jacobi": (lambda n, s: decoders.Jacobi(block_size=n, sampler=s), 16, False),
-    "jacobi_mr": (lambda n, s: decoders.Jacobi(block_size=n, num_blocks=2, pool_size=16,
-                                               num_candidates=2, sampler=s), 16, False),
+    "jacobi_mr": (lambda n, s: decoders.JacobiMR(block_size=n, num_blocks=2, pool_size=16,
+                                                 num_candidates=2, sampler=s), 16, False),
     "tidar": (lambda n, s: decoders.TiDAR(block_size=n, beta=1.0, sampler=s), 8, False),
-    "speculative": (lambda n, s: decoders.Speculative(n, sampler=s, drafter="ar"), 4, True),
-    "deer": (lambda n, s: decoders.Speculative(n, sampler=s, drafter="diffusion"), 8, True),
+    "speculative": (lambda n, s: decoders.Speculative(n, sampler=s), 4, True),
+    "deer": (lambda n, s: decoders.DEER(n, sampler=s), 8, True),
     "prompt_lookup": (lambda n, s: decoders.PromptLookup(max_ngram=3, num_tokens=n, sampler=s),
                       8, False),
 }
@@ -68,16 +68,17 @@ def bench_methods(others=None, drafters=None):
              Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
   if "jf" in others:
     jf = others["jf"]
-    mr = decoders.Jacobi(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
+    mr = decoders.JacobiMR(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
     methods += [Method("jacobi_forcing", decoders.Jacobi(block_size=16), "block 16",
                        model=jf, weights="jf"),
                 Method("jacobi_forcing_mr", mr, "n16 K2 pool16 C2", model=jf, weights="jf")]
   if "tidar" in others:
     methods += [Method(f"tidar_k{k}", decoders.TiDAR(block_size=k, beta=1.0), f"block {k} beta 1",
                        model=others["tidar"], weights="tidar") for k in (4, 8, 16)]
-  for name, kind, key in (("deer", "diffusion", "deer"), ("spec_ar", "ar", "ar_drafter")):
+  for name, kind, key in (("deer", decoders.DEER, "deer"),
+                          ("spec_ar", decoders.Speculative, "ar_drafter")):
     if key in drafters:
-      methods += [Method(f"{name}_k{k}", decoders.Speculative(k, drafter=kind), f"block {k}",
+      methods += [Method(f"{name}_k{k}", kind(k), f"block {k}",
                          draft_model=drafters[key]) for k in (4, 8, 16)]
   return methods
 

@@ -2,7 +2,7 @@
 refinement) on AR teacher rows (`teacher.py`), and the layout that ties the drafter to the
 decoder.
 
-The drafter's layout (the contract with `decoding/speculative.py`). A prefix x_0..x_{c-1} sits
+The drafter's layout (`deer_layout.py`, shared with `decoding/deer.py`). A prefix x_0..x_{c-1} sits
 at positions 0..c-1, causal among itself (it never sees what follows); then a block
 [SEP, y_1, ..., y_m]: SEP at position c, y_i at position c+i. The block sees the whole prefix
 and itself bidirectionally (`masks.tidar` with kinds CLEAN for the prefix, MASKED for the
@@ -15,7 +15,7 @@ token after the prefix (unshifted, like TiDAR's slots); SEP's logits are not use
                      |         ->x_c    ->x_{c+1}    ->x_{c+k-1}
 
 At decoding the drafter's KV cache holds the prefix and one forward feeds [SEP, <mask> x k] at
-positions c..c+k (`draft_chunk`, `draft_mask`); the k block logits are the draft
+positions c..c+k (`deer_layout.draft_inputs`); the k block logits are the draft
 distributions q_1..q_k.
 
 Training rows are built in jax inside the objectives from the per-step key, so the data stays
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraflax import masks
+from paraflax import deer_layout, masks
 from paraflax.data.source import TrainData, register_source
 from paraflax.masks import CLEAN, MASKED
 from paraflax.training.objectives import register_objective
@@ -74,7 +74,7 @@ def layout(tokens_BxW: jax.Array, lengths_B: jax.Array, prefix_B: jax.Array, sep
   src = jnp.where(offset < 0, j, jnp.maximum(j - 1, 0))  # y_i (j = c+i) reads x_{c+i-1}
   source = jnp.take_along_axis(tokens_BxW, src, 1)
   block = offset >= 0
-  return {"tokens": jnp.where(offset == 0, sep_id, source).astype(jnp.int32),
+  return {"tokens": deer_layout.block_tokens(offset, sep_id, source),
           "positions": jnp.broadcast_to(j, (b, w + 1)),
           "kinds": jnp.where(block, MASKED, CLEAN).astype(jnp.int32),
           "blocks": block.astype(jnp.int32),
@@ -178,7 +178,7 @@ def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id:
   r = jnp.take_along_axis(r_BxN, order, 1)[..., None]  # [B, N, 1]
   j = jnp.arange(w, dtype=jnp.int32)
   slot = jnp.arange(s, dtype=jnp.int32)[None, None, :]  # [1, 1, S]: 0 is SEP, i is y_i
-  pos = prefix[..., None] + slot  # [B, N, S]
+  pos = deer_layout.block_positions(prefix, slot)  # [B, N, S]
   targets = jnp.take_along_axis(tokens_BxW, jnp.clip(pos - 1, 0, w - 1).reshape(b, n * s), 1)
   masked = (slot >= 1) & (slot <= r)
   weights = jnp.where(masked, jnp.float32(alpha) ** (r - slot).astype(jnp.float32), 0.0)
@@ -186,7 +186,7 @@ def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id:
   flat = lambda x: jnp.broadcast_to(x, (b, n, s)).reshape(b, n * s)
   cat = lambda clean, blk: jnp.concatenate([clean, flat(blk)], 1)
   clean_ids = (prefix[:, None, :] <= j[None, :, None]).sum(-1)  # [B, W]
-  return {"tokens": cat(tokens_BxW, jnp.where(slot == 0, sep_id, mask_id)),
+  return {"tokens": cat(tokens_BxW, deer_layout.block_tokens(slot, sep_id, mask_id)),
           "positions": cat(jnp.broadcast_to(j, (b, w)), pos),
           "kinds": cat(jnp.full((b, w), CLEAN), jnp.full((1, 1, s), MASKED)),
           "blocks": cat(clean_ids, 1 + jnp.arange(n)[None, :, None]),
@@ -210,23 +210,6 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
   prefix, r = stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)
   rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha)
   return block_loss(forward(model, rows), rows, rows["weights"], rows["masked"])
-
-
-# ---- decoding side of the layout ----
-
-def draft_chunk(prefix_B: jax.Array, k: int, mask_id: int, sep_id: int):
-  """(tokens [B, k+1] = [SEP, <mask> x k], positions [B, k+1] = c..c+k) of one drafting
-  forward after a cached prefix of c tokens."""
-  b = prefix_B.shape[0]
-  tokens = jnp.broadcast_to(jnp.array([sep_id] + [mask_id] * k, jnp.int32), (b, k + 1))
-  return tokens, prefix_B[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-
-
-def draft_mask(cache_lengths_B: jax.Array, slots: int, k: int) -> jax.Array:
-  """`[B, k+1, S+k+1]`: the block [SEP, <mask> x k] sees the cached prefix and itself."""
-  b = cache_lengths_B.shape[0]
-  block = masks.tidar(jnp.full((b, k + 1), MASKED), jnp.ones((b, k + 1), jnp.int32))
-  return masks.over_cache(cache_lengths_B, slots, block)
 
 
 # ---- data ----

@@ -1,0 +1,94 @@
+"""DEER: speculative decoding with a prefix-conditioned block-diffusion drafter
+(`training/deer.py` trains it) drafting all k tokens in one forward, verified by the target
+in one forward (`verify_drafts`), exact for greedy and for sampling.
+
+The drafter's cache holds the emitted context. A draft call feeds the u in 1..k+1 emitted
+tokens it has not seen (causal, padded to k+1), then [<sep>, <mask> x k] at positions c..c+k
+(c = context length), which see the context and each other: the layout of `deer_layout`,
+shared with the training objectives. Mask i's distribution q_i (the block marginal given the
+prefix, warped by the sampler) drafts d_i. Only the u context tokens are committed, so the
+cache never holds a draft and needs no rollback. Verification stops at the first rejection
+(exact; the paper's pseudo-code re-queries the drafter and walks on, which is not).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from paraflax import deer_layout
+from paraflax.cache import ChunkKV, KVCache, commit
+from paraflax.decoding import state as st
+from paraflax.decoding.draft_verify import check_drafter, verify_drafts
+from paraflax.decoding.protocol import Decoder
+from paraflax.sampling import Greedy
+from paraflax.sharding import subtree
+
+
+@struct.dataclass
+class DEERState(st.DecodeState):
+  draft_cache: KVCache = subtree()  # the drafter's cache: emitted context only
+
+
+@struct.dataclass
+class DEER(Decoder):
+  """Draft `block_size` tokens in one forward of a DEER `draft_model=` (a block-diffusion
+  drafter with the target's vocabulary, `mask_token_id` and `sep_token_id` set), verify them
+  with the target in one forward. `sampler` warps both p and q."""
+  block_size: int = struct.field(pytree_node=False, default=4)
+  sampler: object = struct.field(default_factory=Greedy)
+  uses_draft_model = True
+  State = DEERState
+
+  @property
+  def lookahead(self) -> int:
+    return self.block_size
+
+  def validate(self, cfg, draft_cfg):
+    check_drafter("DEER", self.block_size, cfg, draft_cfg, "DEER block-diffusion drafter")
+    for name in ("mask_token_id", "sep_token_id"):
+      if getattr(draft_cfg, name) is None:
+        raise ValueError(f"diffusion drafting needs a DEER drafter: the draft model's "
+                         f"ModelConfig.{name} is None (train one with configs/deer_drafter.py)")
+    self.sampler.validate()
+
+  def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
+    k = self.block_size
+    capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
+    # the drafter's prefill logits are not needed: the first token is the target's
+    dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
+    return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
+                    chunk=k + 1, keep=k + 1, sampler=self.sampler, rng=rng, eos_id=eos_id,
+                    cls=DEERState, draft_cache=dcache)
+
+  def _draft(self, draft, state: DEERState, rng):
+    """One drafter forward. Returns (drafts [B, k], q [B, k, V] or None, drafter cache
+    holding the whole context)."""
+    k, u_max = self.block_size, self.block_size + 1
+    b = state.lengths.shape[0]
+    cache = state.draft_cache
+    end = state.prompt_lens + state.lengths  # context length c
+    unseen = end - cache.lengths  # [B] 1..k+1 emitted tokens the drafter has not cached
+    idx = cache.lengths[:, None] - state.prompt_lens[:, None] + jnp.arange(u_max)
+    idx = jnp.clip(idx, 0, state.tokens.shape[1] - 1)
+    valid = jnp.arange(u_max)[None] < unseen[:, None]
+    fresh = jnp.where(valid, jnp.take_along_axis(state.tokens, idx, 1), 0)
+    tokens, positions, mask = deer_layout.draft_inputs(
+        fresh, cache.lengths[:, None] + jnp.arange(u_max), valid, end, k,
+        draft.cfg.mask_token_id, draft.cfg.sep_token_id, cache.lengths, cache.slots)
+    logits, kv = draft(tokens, positions, mask, cache)
+    drafts, q = self.sampler.draft(rng, logits[:, u_max + 1:])
+    kv = ChunkKV(k=kv.k[:, :, :u_max], v=kv.v[:, :, :u_max])  # context tokens only
+    src = jnp.broadcast_to(jnp.arange(u_max), (b, u_max))
+    cache = commit(cache, kv, src, jnp.where(state.done, 0, unseen))
+    return drafts, q, cache
+
+  def step(self, fwd, draft, state: DEERState) -> DEERState:
+    active = ~state.done
+    rng, sub = jax.random.split(state.rng)
+    state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
+    drafts, q, dcache = self._draft(draft, state, sub)
+    state = state.replace(draft_forwards=state.draft_forwards + active)
+    state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
+    return state.replace(draft_cache=dcache)  # it holds only emitted tokens: no rollback

@@ -35,6 +35,19 @@ def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
   return state.replace(step=state.step + 1), logits, new, kept
 
 
+def start_with_drafter(decoder, fwd, draft, prompts, prompt_lens, max_new_tokens: int, rng,
+                       eos_id, cls, fields):
+  """`init` of a separate-drafter decoder (chunk and kept rows: block_size + 1): both models
+  prefill the prompts; the first token is the target's (the drafter's prefill logits are not
+  needed). `fields(draft_cache)` gives the decoder's own state fields."""
+  k = decoder.block_size
+  capacity = decoder.cache_capacity(prompts.shape[1], max_new_tokens)
+  dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
+  return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
+                  chunk=k + 1, keep=k + 1, sampler=decoder.sampler, rng=rng, eos_id=eos_id,
+                  cls=cls, **fields(dcache))
+
+
 def check_drafter(name: str, block_size, cfg, draft_cfg, what: str) -> None:
   """Host checks every separate-drafter decoder shares: block_size >= 1 and a draft model
   (`what` it is) with the verifier's vocabulary."""

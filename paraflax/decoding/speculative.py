@@ -27,7 +27,7 @@ from paraflax import masks
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.decoding import state as st
 from paraflax.decoding.deer import DEER
-from paraflax.decoding.draft_verify import check_drafter, verify_drafts
+from paraflax.decoding.draft_verify import check_drafter, start_with_drafter, verify_drafts
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import subtree
@@ -82,14 +82,9 @@ class Speculative(Decoder):
     self.sampler.validate()
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
-    k = self.block_size
-    capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
-    # the drafter's prefill logits are not needed: the first token is the target's
-    dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
-    return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
-                    chunk=k + 1, keep=k + 1, sampler=self.sampler, rng=rng, eos_id=eos_id,
-                    cls=SpeculativeState, draft_cache=dcache,
-                    draft_pending=st.no_pending(dcache, _LAG, _LAG))
+    return start_with_drafter(
+        self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id, SpeculativeState,
+        lambda dcache: {"draft_cache": dcache, "draft_pending": st.no_pending(dcache, _LAG, _LAG)})
 
   def _draft(self, draft, state: SpeculativeState, rng):
     """k drafter forwards. Returns (drafts [B, k], q [B, k, V] or None, drafter cache with

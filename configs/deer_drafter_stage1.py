@@ -23,7 +23,9 @@ def get_config() -> TrainConfig:
   return TrainConfig(
       model=ModelConfig(vocab_size=2048, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
                         d_ff=192, max_seq_len=512, mask_token_id=2, sep_token_id=3),
-      data=DataConfig(seq_len=256, batch_size=16, vocab_size=2048),  # batch size and seed only
+      # seq_len: the teacher store's row length, max_prompt_len 96 + answer_len 128 (a store
+      # of other rows is refused); the objectives add <sep> and the blocks
+      data=DataConfig(seq_len=224, batch_size=16, vocab_size=2048),
       data_source="teacher",  # the teacher store made by the command above
       data_source_args={"path": "~/.cache/paraflax/deer/teacher", "val_fraction": 0.05},
       objective="deer_stage1",

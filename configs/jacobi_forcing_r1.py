@@ -18,6 +18,9 @@ def get_config() -> TrainConfig:
   return dataclasses.replace(
       base,
       init_from="checkpoints/tiny_ar",
+      # the packed row length of the store above: max_prompt_len 96 + 2 x 4 blocks x 16 (round
+      # 2's 2 blocks of 32 give the same); a store of other rows is refused
+      data=dataclasses.replace(base.data, seq_len=224),
       data_source="trajectories",  # the store made by the command above
       data_source_args={"path": "~/.cache/paraflax/jf/r1_trajectories", "noise_window": 4},
       objective="jacobi_forcing",

@@ -1,5 +1,6 @@
 """Seconds-scale Jacobi Forcing run for tests: `micro_ar.py`'s model distilled on trajectories
-(set `init_from` and `data_source_args.path` with `--set`)."""
+(set `init_from`, `data_source_args.path` and `data.seq_len`, the store's packed row length,
+with `--set`)."""
 
 import dataclasses
 from pathlib import Path

@@ -90,7 +90,8 @@ def test_jacobi_forcing_round_trip_collect_train_bench(workdir, tmp_path):
                    "--min-prompt-len", "4", "--max-prompt-len", "16", "--batch-size", "8"]) == 0
   assert json.loads((store / "progress.json").read_text()) == {"batches": 4}  # 4 x 8 examples
   assert cli.main(["train", "--config", JF_CONFIG, "--workdir", str(jf),
-                   "--set", f"init_from={workdir}", "--set", f"data_source_args.path={store}"]) == 0
+                   "--set", f"init_from={workdir}", "--set", f"data_source_args.path={store}",
+                   "--set", "data.seq_len=32"]) == 0  # 16 prompt + 2 x 2 blocks x 4
   metrics = [json.loads(line) for line in (jf / "metrics.jsonl").read_text().splitlines()]
   assert {"consistency", "ar_loss", "noisy_accuracy"} <= set(metrics[-2])
   path = tmp_path / "bench.json"

@@ -361,7 +361,7 @@ def runs(tmp_path_factory):
   base = TrainConfig(
       model=model_cfg, data_source="teacher",
       data_source_args={"path": str(store), "val_fraction": 0.25},
-      data=DataConfig(seq_len=16, batch_size=4, vocab_size=320, max_files=2,
+      data=DataConfig(seq_len=22, batch_size=4, vocab_size=320, max_files=2,  # 10 + 12
                       cache_dir=str(root / "data"), progress=False),
       optim=OptimConfig(peak_lr=1e-2, warmup_steps=2, weight_decay=0.0),
       steps=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)

@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrainData:
@@ -39,7 +41,10 @@ class DataSource(Protocol):
 
   `fields`: the batch keys every batch carries (an objective declares the ones it needs).
   `open(data, progress=...)`: `data` is the run's `DataConfig` (batch_size and seed always;
-  the corpus settings for sources that read one).
+  the corpus settings for sources that read one). `data.seq_len` is the row length: a source
+  whose rows have another length (a store's) refuses to open.
+  Optional `shapes(data) -> {field: (shape, dtype)}`: one batch's shapes without opening
+  anything (`batch_shapes`; what `train --dry-run` compiles with).
   """
 
   fields: ClassVar[tuple[str, ...]]
@@ -84,6 +89,14 @@ def get_source(name: str, args: Any = ()) -> DataSource:
     return cls(**args)
   except TypeError as e:  # a missing argument
     raise ValueError(f"data source {name!r}: {e}") from None
+
+
+def batch_shapes(source, data) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """{field: (shape, dtype)} of one batch of `source` under `data` (its `shapes`; a source
+  without one: every field int32 `[data.batch_size, data.seq_len]`)."""
+  if hasattr(source, "shapes"):
+    return source.shapes(data)
+  return {k: ((data.batch_size, data.seq_len), np.dtype(np.int32)) for k in source.fields}
 
 
 def source_args(source) -> tuple[tuple[str, Any], ...]:

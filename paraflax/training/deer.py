@@ -36,6 +36,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from paraflax import deer_layout, masks
@@ -219,7 +220,8 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
 class TeacherData:
   """The data source "teacher": raw prompt + answer rows of a teacher store (`paraflax
   teacher-data`; the objective builds its layout), tokenized by the store's model's tokenizer.
-  The last `val_fraction` of the examples are held out."""
+  The last `val_fraction` of the examples are held out. `data.seq_len` must be the store's row
+  length, max_prompt_len + answer_len (the objectives add <sep> and blocks to it)."""
   fields: ClassVar[tuple[str, ...]] = FIELDS
   path: str
   val_fraction: float = 0.05
@@ -232,10 +234,20 @@ class TeacherData:
     """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
     del progress
     from paraflax.training import store
+    meta = store.read_meta(self.path, what="teacher store", command="teacher-data")
+    store.check_row_length(self.path, "teacher store", meta["max_prompt_len"] + meta["answer_len"],
+                           "max_prompt_len + answer_len", data.seq_len)
     it, val, meta = datasets(self, data.batch_size, data.seed)
     return TrainData(it, val, store.load_tokenizer(self.path), max_position=row_length(meta),
                      tokenizer_source=store.tokenizer_source(self.path, "teacher"),
                      rows="teacher")
+
+
+  def shapes(self, data) -> dict:
+    """{field: (shape, dtype)} of a batch: tokens `[B, data.seq_len]`, prompt_lens and
+    lengths `[B]`, all int32."""
+    b, i32 = data.batch_size, np.dtype(np.int32)
+    return {"tokens": ((b, data.seq_len), i32), "prompt_lens": ((b,), i32), "lengths": ((b,), i32)}
 
 
 def row_length(meta: dict) -> int:

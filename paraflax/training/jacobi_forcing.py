@@ -96,8 +96,10 @@ def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
           "ar_targets": targets, "ar_weights": weights, "partner": partner, "kl_weights": kl}
 
 
-FIELDS = ("tokens", "positions", "kinds", "valid", "ar_targets", "ar_weights", "partner",
-          "kl_weights")  # the `example` keys
+DTYPES = {"tokens": np.int32, "positions": np.int32, "kinds": np.int32, "valid": np.bool_,
+          "ar_targets": np.int32, "ar_weights": np.float32, "partner": np.int32,
+          "kl_weights": np.float32}  # the `example` keys, each [length]
+FIELDS = tuple(DTYPES)
 
 
 @register_source("trajectories")
@@ -108,7 +110,8 @@ class TrajectoryData:
 
   `noise_window` is Eq. 7's w. Each row draws a random phase o and gives block i the noise
   level W[(i + o) mod w], so every block index sees every level (Eq. 7 fixes o = 0). The last
-  `val_fraction` of the store's examples are held out for validation.
+  `val_fraction` of the store's examples are held out for validation. `data.seq_len` must be
+  the store's packed row length (`row_length`).
   """
   fields: ClassVar[tuple[str, ...]] = FIELDS
   path: str
@@ -125,12 +128,20 @@ class TrajectoryData:
     """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
     del progress
     from paraflax.training import store
+    meta = store.read_meta(self.path, what="trajectory store", command="collect-trajectories")
+    store.check_row_length(self.path, "trajectory store", row_length(meta),
+                           "max_prompt_len + 2 x num_blocks x block_size", data.seq_len)
     it, val, meta = datasets(self, data.batch_size, data.seed)
     # a noisy block and its clean twin share positions
     top = meta["max_prompt_len"] + meta["num_blocks"] * meta["block_size"]
     return TrainData(it, val, store.load_tokenizer(self.path), max_position=top,
                      tokenizer_source=store.tokenizer_source(self.path, "trajectory"),
                      rows="trajectory")
+
+
+  def shapes(self, data) -> dict:
+    """{field: (shape, dtype)} of a batch: every field `[data.batch_size, data.seq_len]`."""
+    return {k: ((data.batch_size, data.seq_len), np.dtype(t)) for k, t in DTYPES.items()}
 
 
 def row_length(meta: dict) -> int:

@@ -199,13 +199,27 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
     bar.close()
 
 
+def read_meta(path: str | os.PathLike, *, what: str, command: str) -> dict:
+  """The meta.json of the store at `path` (a one-line FileNotFoundError when there is none)."""
+  path = Path(path).expanduser()
+  if not (path / META).is_file():
+    raise FileNotFoundError(f"no {what} at {str(path)!r} (make one with `paraflax {command}`)")
+  return read_json(path / META)
+
+
+def check_row_length(path: str | os.PathLike, what: str, length: int, how: str,
+                     seq_len: int) -> None:
+  """Refuse a run whose `data.seq_len` is not the store's row `length` (`how`: its sum)."""
+  if length != seq_len:
+    raise ValueError(f"{what} {str(path)!r} has rows of {length} tokens ({how}) but "
+                     f"data.seq_len={seq_len}: set data.seq_len={length} (the row length)")
+
+
 def read_store(path: str | os.PathLike, names, *, what: str,
                command: str) -> tuple[dict, dict[str, np.ndarray]]:
   """(meta, arrays by name) of a complete store; refuses a missing or unfinished one."""
   path = Path(path).expanduser()
-  if not (path / META).is_file():
-    raise FileNotFoundError(f"no {what} at {str(path)!r} (make one with `paraflax {command}`)")
-  meta = read_json(path / META)
+  meta = read_meta(path, what=what, command=command)
   total = num_batches(meta)
   done = read_json(path / PROGRESS)["batches"] if (path / PROGRESS).is_file() else 0
   if done < total:

@@ -17,13 +17,8 @@ def _call(fn, args):
 
 
 def cmd_train(args):
-  from paraflax import distributed
-  from paraflax.training import train_from_config_path
-  from paraflax.training.__main__ import parse_overrides
-  distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
-  summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
-                                   overrides=parse_overrides(args.overrides))
-  print(json.dumps(summary))
+  from paraflax.training.__main__ import run
+  print(json.dumps(run(args)))  # with --dry-run: the memory report, nothing trained or written
 
 
 def cmd_generate(args):
@@ -92,14 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     return q
 
   t = command("train", cmd_train, "train a model from a config file (resumes from --workdir)")
-  t.add_argument("--config", required=True, help="Python file exposing get_config()")
-  t.add_argument("--workdir", required=True)
-  t.add_argument("--steps", type=int, default=None)
-  t.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                 help="dotted config override, repeatable (e.g. optim.peak_lr=1e-3, "
-                 "mesh=(2,2,2))")
-  from paraflax import distributed
-  distributed.add_arguments(t)
+  from paraflax.training.__main__ import add_arguments
+  add_arguments(t)
 
   def model_flags(q, prefix="", what="", required=True):
     src = q.add_mutually_exclusive_group(required=required)
@@ -181,9 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  import jax  # later runs of the same shapes skip XLA compilation
-  jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  import jax  # later runs of the same shapes skip XLA compilation (a dry run measures it)
+  if not getattr(args, "dry_run", False):
+    jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   try:
     args.fn(args)
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback

@@ -1,6 +1,8 @@
 """`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`.
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
+With `--dry-run` it trains nothing and writes nothing: it compiles one step of the config
+with abstract shapes and prints XLA's memory report as JSON (`dry_run.py`).
 Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
 PARAFLAX_* environment, see `paraflax.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
 """
@@ -13,8 +15,7 @@ import sys
 
 import jax
 
-from paraflax import distributed
-from paraflax.training.trainer import train_from_config_path
+from paraflax import distributed  # light: `paraflax train` builds its flags from this module
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -28,25 +29,43 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
   return out
 
 
-def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m paraflax.training", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  """The flags of `paraflax train` and of this module."""
   parser.add_argument("--config", required=True, help="Python file exposing get_config()")
   parser.add_argument("--workdir", required=True, help="run directory (resumed if it exists)")
   parser.add_argument("--steps", type=int, default=None, help="override TrainConfig.steps")
   parser.add_argument("--max-steps", type=int, default=None,
                       help="stop at this step without changing the schedule")
   parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="NAME=VALUE", help="dotted config override, repeatable")
+                      metavar="NAME=VALUE", help="dotted config override, repeatable (e.g. "
+                      "optim.peak_lr=1e-3, mesh=(2,2,2))")
+  parser.add_argument("--dry-run", action="store_true", help="compile one step with abstract "
+                      "shapes (no weights, no data, nothing written) and print its memory as "
+                      "JSON: argument_bytes, temp_bytes, ... per device")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   distributed.add_arguments(parser)
-  args = parser.parse_args(argv)
-  distributed.initialize_from_args(args)
 
+
+def run(args: argparse.Namespace) -> dict:
+  """Train (or, with --dry-run, compile one step) as the parsed flags say; the summary."""
+  distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
+  overrides = parse_overrides(args.overrides)
+  if args.dry_run:
+    from paraflax.training.dry_run import dry_run_from_config_path
+    return dry_run_from_config_path(args.config, overrides)
+  from paraflax.training.trainer import train_from_config_path
+  return train_from_config_path(args.config, args.workdir, steps=args.steps,
+                                overrides=overrides, progress=not args.no_progress,
+                                max_steps=args.max_steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m paraflax.training", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_arguments(parser)
+  args = parser.parse_args(argv)
   try:
-    summary = train_from_config_path(args.config, args.workdir, steps=args.steps,
-                                     overrides=parse_overrides(args.overrides),
-                                     progress=not args.no_progress, max_steps=args.max_steps)
+    summary = run(args)
   except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was saved; 128 + SIGINT
     print(f"{parser.prog}: {e or 'interrupted'}", file=sys.stderr)
     return 130

@@ -1,0 +1,101 @@
+"""`train --dry-run`: compile one training step of a config on its mesh with abstract shapes
+and report XLA's memory analysis, without allocating weights or opening any data.
+
+Params (`nnx.eval_shape`), optimizer state (`jax.eval_shape(tx.init)`), the batch (the data
+source's fields at `data.batch_size` x `data.seq_len`, `source.batch_shapes`, plus `"step"`
+when the objective reads it) and the key are `jax.ShapeDtypeStruct`s carrying their shardings
+on the config's mesh; `jit_train_step(...).lower(...).compile()` is the step `train` runs.
+No store, `init_from` or workdir is read or written, so a 7B dry run fits a laptop.
+
+    report = dry_run(cfg)   # {"params", "devices", "argument_bytes", "temp_bytes", ...}
+
+Byte figures are per device (what one device holds of the sharded step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from paraflax import sharding
+from paraflax.data.source import batch_shapes
+from paraflax.model import Transformer
+from paraflax.training import optim
+from paraflax.training.config import TrainConfig, apply_overrides, load_config
+from paraflax.training.objectives import STEP, objective
+from paraflax.training.step import jit_train_step
+
+# report key -> CompiledMemoryStats attribute
+MEMORY = {"argument_bytes": "argument_size_in_bytes", "output_bytes": "output_size_in_bytes",
+          "temp_bytes": "temp_size_in_bytes", "alias_bytes": "alias_size_in_bytes",
+          "generated_code_bytes": "generated_code_size_in_bytes"}
+
+
+def _abstract(shape, dtype, sharding_):
+  return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding_)
+
+
+def abstract_batch(cfg: TrainConfig, mesh=None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The batch `train` feeds its step, as shapes: the source's fields (`batch_shapes`) and
+  `"step"` (int32 [B]) when the objective reads it; split over the mesh's batch axes."""
+  shapes = dict(batch_shapes(cfg.source, cfg.data))
+  if objective(cfg.objective).needs_step:
+    shapes[STEP] = ((cfg.data.batch_size,), np.dtype(np.int32))
+  place = (lambda s: None) if mesh is None else (lambda s: sharding.batch_sharding(s, mesh))
+  return {k: _abstract(s, d, place(s)) for k, (s, d) in shapes.items()}
+
+
+def abstract_state(cfg: TrainConfig, mesh=None):
+  """(graphdef, params, tx, opt_state) with every array a `ShapeDtypeStruct` (sharded on
+  `mesh` as `train` shards them): nothing allocated."""
+  graphdef, params = nnx.split(
+      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
+  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
+  opt_state = jax.eval_shape(tx.init, params)
+  if mesh is not None:
+    params, opt_state = (sharding.abstract_state(t, mesh) for t in (params, opt_state))
+  return graphdef, params, tx, opt_state
+
+
+def dry_run(cfg: TrainConfig) -> dict:
+  """Compile one training step of `cfg` (abstract shapes, on its mesh) and return its
+  report: params (count), devices, mesh, objective, batch_size, seq_len, memory per device
+  (`MEMORY` keys, bytes, from `compiled.memory_analysis()`; `total_bytes` = arguments +
+  outputs - aliased (donated) + temporaries), lower_s and compile_s (lowering + XLA
+  compilation)."""
+  mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
+  obj = objective(cfg.objective)
+  graphdef, params, tx, opt_state = abstract_state(cfg, mesh)
+  batch = abstract_batch(cfg, mesh)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = _abstract(key.shape, key.dtype, None if mesh is None else sharding.replicated(mesh))
+  step = jit_train_step(graphdef, obj.bind(cfg.objective_args), tx, mesh, params, opt_state)
+  t0 = time.perf_counter()
+  lowered = step.lower(params, opt_state, batch, key)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  t2 = time.perf_counter()
+  stats = compiled.memory_analysis()
+  memory = {k: int(getattr(stats, a)) for k, a in MEMORY.items()
+            if stats is not None and getattr(stats, a, None) is not None}
+  if {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"} <= set(memory):
+    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
+                             - memory["alias_bytes"] + memory["temp_bytes"])
+  return {"objective": cfg.objective, "data_source": cfg.data_source,
+          "params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+          "devices": 1 if mesh is None else mesh.size,
+          "mesh": None if mesh is None else dict(mesh.shape),
+          "platform": jax.devices()[0].platform,
+          "batch_size": cfg.data.batch_size, "seq_len": cfg.data.seq_len,
+          "batch": {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()},
+          "model_dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
+          **memory, "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}
+
+
+def dry_run_from_config_path(config_path, overrides: dict | None = None) -> dict:
+  """`dry_run` of a config file's `get_config()` with dotted `overrides` applied."""
+  return dry_run(apply_overrides(load_config(config_path), overrides))

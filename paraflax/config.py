@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# per-layer rematerialisation (`ModelConfig.remat`): what a layer keeps for the backward pass
+REMAT = ("none", "full", "save_matmuls")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,10 @@ class ModelConfig:
 
   `dtype` is the compute dtype (activations, attention); parameters are kept in
   `param_dtype` and logits are always float32.
+  `remat` only matters under differentiation (run control, not what the model computes):
+  "none" keeps every layer's activations for the backward pass, "full" keeps only each
+  layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
+  matmuls (projections, MLP) and recomputes attention scores and elementwise ops.
   """
 
   vocab_size: int
@@ -66,6 +72,7 @@ class ModelConfig:
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
+  remat: str = "none"  # one of REMAT: per-layer rematerialisation in training
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -89,6 +96,8 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
+    if self.remat not in REMAT:
+      raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

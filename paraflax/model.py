@@ -38,6 +38,11 @@ class Queries(NamedTuple):
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
+# `ModelConfig.remat` -> what `jax.checkpoint` saves of a layer (dots without batch dims: the
+# weight matmuls; attention's score and value products have batch dims, so they are recomputed)
+REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
+                  "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
 
 def _param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
   return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False)
@@ -174,6 +179,26 @@ class Block(nnx.Module):
     return x + self.mlp(self.mlp_norm(x)), kv
 
 
+def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
+  """`run(layer, x, positions, mask, cache_k, cache_v) -> (x, (k, v))`, rematerialised as
+  `remat` says. The host constants (RoPE frequencies, content rows) are closed over, so they
+  stay static under `jax.checkpoint`; a missing cache (None) is an empty pytree. The layer
+  goes through `jax.checkpoint` as a (graphdef, state) split, not `nnx.remat`: a layer never
+  mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
+  graph updates refuse to touch from the checkpoint's trace."""
+  def run(layer, x, positions, mask, cache_k, cache_v):
+    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv)
+  if remat == "none":
+    return run
+
+  def run_remat(layer, *args):
+    graphdef, state = nnx.split(layer)
+    remat_run = jax.checkpoint(lambda st, *a: run(nnx.merge(graphdef, st), *a),
+                               policy=REMAT_POLICIES[remat])
+    return remat_run(state, *args)
+  return run_remat
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the calling convention."""
 
@@ -208,11 +233,12 @@ class Transformer(nnx.Module):
     x = self.embed[...].astype(dt)[tokens_BxT]
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
+    run = _layer_call(cfg.remat, inv_freq, t)
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
       ck = None if cache is None else cache.k[i]
       cv = None if cache is None else cache.v[i]
-      x, (k, v) = layer(x, positions_BxT, mask, ck, cv, inv_freq, t)
+      x, (k, v) = run(layer, x, positions_BxT, mask, ck, cv)
       ks.append(k)
       vs.append(v)
     x = self.final_norm(x if queries is None else x[:, t:])

@@ -1,0 +1,92 @@
+"""Per-layer remat (`ModelConfig.remat`): the same loss and gradients as the plain model (AR,
+the AS-ARM query stream, a cached forward), the same `generate` output; run control."""
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import MICRO, compiled_micro_model
+from flax import nnx
+
+import paraflax as pf
+from paraflax import masks
+from paraflax.training import load_config
+from paraflax.training.ar import ar
+from paraflax.training.asarm import asarm_loss
+from paraflax.training.config import config_differences
+
+pytestmark = pytest.mark.fast
+
+POLICIES = ("full", "save_matmuls")
+
+
+def with_remat(model, remat):
+  """`model`'s weights in a model that rematerialises its layers as `remat` says."""
+  graphdef, state = nnx.split(model)
+  other = nnx.eval_shape(lambda: pf.Transformer(
+      dataclasses.replace(model.cfg, remat=remat), rngs=nnx.Rngs(0)))
+  return nnx.merge(nnx.graphdef(other), state)
+
+
+def cached_loss(model, batch, rng):
+  """A loss through a cache: 4 tokens after cached slots (the cache's k, v are read)."""
+  del rng
+  logits, kv = model(batch["tokens"][:, :4], batch["pos"], batch["mask"], batch["cache"])
+  return jnp.mean(logits ** 2) + jnp.mean(kv.k * kv.v), {}
+
+
+def batches():
+  """(loss, batch) pairs, built inside the jitted step (no eager op-by-op compiles)."""
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, MICRO["vocab_size"])
+  cache = pf.init_cache(pf.ModelConfig(**MICRO), 2, 6)
+  kv = jax.random.normal(jax.random.key(2), cache.k.shape)
+  cache = dataclasses.replace(cache, k=kv, v=kv[::-1], lengths=jnp.array([6, 3]))
+  cached = {"tokens": tokens, "pos": jnp.broadcast_to(jnp.arange(6, 10), (2, 4)),
+            "cache": cache, "mask": masks.decode(cache.lengths, cache.slots, 4)}
+  return [(ar, {"tokens": tokens}), (asarm_loss, {"tokens": tokens}), (cached_loss, cached)]
+
+
+def losses_and_grads(model):
+  """(loss, grads) of the AR, AS-ARM (query stream) and cached losses, in one compilation."""
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  @jax.jit
+  def all_of(p):
+    return [jax.value_and_grad(lambda p: f(nnx.merge(graphdef, p), batch,
+                                           jax.random.key(3))[0])(p)
+            for f, batch in batches()]
+  return all_of(params)
+
+
+@functools.cache
+def two_stream():
+  model = compiled_micro_model(two_stream=True)  # content stream: the AR and cached losses
+  return model, losses_and_grads(model)
+
+
+@pytest.mark.parametrize("remat", POLICIES)
+def test_remat_gives_the_plain_loss_and_gradients(remat):
+  model, plain = two_stream()
+  got = losses_and_grads(with_remat(model, remat))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), got, plain)
+
+
+def test_generate_is_unchanged_by_remat(model):
+  prompts = [[5, 9, 2], [7, 1, 1, 30, 4]]
+  plain = pf.generate(model, prompts, max_new_tokens=8)
+  remat = pf.generate(with_remat(model, "full"), prompts, max_new_tokens=8)
+  np.testing.assert_array_equal(remat.tokens, plain.tokens)
+  np.testing.assert_array_equal(remat.lengths, plain.lengths)
+
+
+def test_remat_is_run_control_and_a_bad_value_is_one_line():
+  cfg = load_config(Path(__file__).parent.parent / "configs" / "micro_ar.py")
+  full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full"))
+  assert config_differences(cfg, full) == []  # a run may resume with another remat
+  with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['none', 'full', "
+                     r"'save_matmuls'\], got 'dots'"):
+    pf.ModelConfig(**MICRO, remat="dots")

@@ -51,6 +51,10 @@ class ModelConfig:
   "none" keeps every layer's activations for the backward pass, "full" keeps only each
   layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
   matmuls (projections, MLP) and recomputes attention scores and elementwise ops.
+  `scan_layers` (run control too) runs the layers as one `lax.scan` over their weights
+  stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
+  instead of n_layers copies, and the backward pass recomputes one layer at a time, which
+  XLA's CPU scheduler only honours inside a loop (unrolled, it hoists the recomputation).
   """
 
   vocab_size: int
@@ -73,6 +77,7 @@ class ModelConfig:
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
   remat: str = "none"  # one of REMAT: per-layer rematerialisation in training
+  scan_layers: bool = False  # run the layers as a lax.scan (same parameter tree)
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -96,6 +101,8 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"ModelConfig.scan_layers must be True or False, got {self.scan_layers!r}")
     if self.remat not in REMAT:
       raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
     for name in ("mask_token_id", "sep_token_id"):

@@ -199,6 +199,20 @@ def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
   return run_remat
 
 
+def _scan_layers(layers, run, x, positions, mask, cache: KVCache | None):
+  """The layer loop as one `lax.scan` over the layers' states stacked at call time (the
+  parameter tree keeps one entry per layer; the cache is already `[layers, ...]`).
+  Returns (x, (k, v) `[layers, B, T, Hkv, Dh]`)."""
+  graphdef = nnx.graphdef(layers[0])
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *(nnx.state(layer) for layer in layers))
+
+  def body(x, xs):
+    state, cache_k, cache_v = xs
+    return run(nnx.merge(graphdef, state), x, positions, mask, cache_k, cache_v)
+  cache_kv = (None, None) if cache is None else (cache.k, cache.v)
+  return jax.lax.scan(body, x, (stacked, *cache_kv))
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the calling convention."""
 
@@ -234,17 +248,21 @@ class Transformer(nnx.Module):
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
     run = _layer_call(cfg.remat, inv_freq, t)
-    ks, vs = [], []
-    for i, layer in enumerate(self.layers):
-      ck = None if cache is None else cache.k[i]
-      cv = None if cache is None else cache.v[i]
-      x, (k, v) = run(layer, x, positions_BxT, mask, ck, cv)
-      ks.append(k)
-      vs.append(v)
+    if cfg.scan_layers:
+      x, (ks, vs) = _scan_layers(self.layers, run, x, positions_BxT, mask, cache)
+    else:
+      ks, vs = [], []
+      for i, layer in enumerate(self.layers):
+        ck = None if cache is None else cache.k[i]
+        cv = None if cache is None else cache.v[i]
+        x, (k, v) = run(layer, x, positions_BxT, mask, ck, cv)
+        ks.append(k)
+        vs.append(v)
+      ks, vs = jnp.stack(ks), jnp.stack(vs)
     x = self.final_norm(x if queries is None else x[:, t:])
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
-    return logits, ChunkKV(k=jnp.stack(ks), v=jnp.stack(vs))
+    return logits, ChunkKV(k=ks, v=vs)
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""

@@ -1,5 +1,6 @@
-"""Per-layer remat (`ModelConfig.remat`): the same loss and gradients as the plain model (AR,
-the AS-ARM query stream, a cached forward), the same `generate` output; run control."""
+"""Per-layer remat and scanned layers (`ModelConfig.remat`, `scan_layers`): the same loss and
+gradients as the plain model (AR, the AS-ARM query stream, a cached forward), the same
+`generate` output; both are run control."""
 
 import dataclasses
 import functools
@@ -21,14 +22,16 @@ from paraflax.training.config import config_differences
 
 pytestmark = pytest.mark.fast
 
-POLICIES = ("full", "save_matmuls")
+# each policy, each layout, scan with and without remat (one compilation each)
+VARIANTS = [dict(remat="full"), dict(scan_layers=True, remat="save_matmuls"),
+            dict(scan_layers=True)]
 
 
-def with_remat(model, remat):
-  """`model`'s weights in a model that rematerialises its layers as `remat` says."""
+def variant(model, **settings):
+  """`model`'s weights in a model with other run-control `settings` (remat, scan_layers)."""
   graphdef, state = nnx.split(model)
   other = nnx.eval_shape(lambda: pf.Transformer(
-      dataclasses.replace(model.cfg, remat=remat), rngs=nnx.Rngs(0)))
+      dataclasses.replace(model.cfg, **settings), rngs=nnx.Rngs(0)))
   return nnx.merge(nnx.graphdef(other), state)
 
 
@@ -68,25 +71,30 @@ def two_stream():
   return model, losses_and_grads(model)
 
 
-@pytest.mark.parametrize("remat", POLICIES)
-def test_remat_gives_the_plain_loss_and_gradients(remat):
+@pytest.mark.parametrize("settings", VARIANTS, ids=str)
+def test_remat_and_scan_give_the_plain_loss_and_gradients(settings):
   model, plain = two_stream()
-  got = losses_and_grads(with_remat(model, remat))
+  got = losses_and_grads(variant(model, **settings))
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), got, plain)
 
 
-def test_generate_is_unchanged_by_remat(model):
+@pytest.mark.parametrize("settings", VARIANTS[:2], ids=str)
+def test_generate_is_unchanged_by_remat_and_scan(settings):
+  model = two_stream()[0]
   prompts = [[5, 9, 2], [7, 1, 1, 30, 4]]
   plain = pf.generate(model, prompts, max_new_tokens=8)
-  remat = pf.generate(with_remat(model, "full"), prompts, max_new_tokens=8)
-  np.testing.assert_array_equal(remat.tokens, plain.tokens)
-  np.testing.assert_array_equal(remat.lengths, plain.lengths)
+  other = pf.generate(variant(model, **settings), prompts, max_new_tokens=8)
+  np.testing.assert_array_equal(other.tokens, plain.tokens)
+  np.testing.assert_array_equal(other.lengths, plain.lengths)
 
 
-def test_remat_is_run_control_and_a_bad_value_is_one_line():
+def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
   cfg = load_config(Path(__file__).parent.parent / "configs" / "micro_ar.py")
-  full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full"))
-  assert config_differences(cfg, full) == []  # a run may resume with another remat
+  other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
+                                                             scan_layers=True))
+  assert config_differences(cfg, other) == []  # a run may resume with other settings
   with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['none', 'full', "
                      r"'save_matmuls'\], got 'dots'"):
     pf.ModelConfig(**MICRO, remat="dots")
+  with pytest.raises(ValueError, match="scan_layers must be True or False, got 1"):
+    pf.ModelConfig(**MICRO, scan_layers=1)

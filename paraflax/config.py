@@ -55,6 +55,8 @@ class ModelConfig:
   stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
   instead of n_layers copies, and the backward pass recomputes one layer at a time, which
   XLA's CPU scheduler only honours inside a loop (unrolled, it hoists the recomputation).
+  It is a training setting: each forward stacks (copies) the layer weights, which a decode
+  step pays every token (decode with `scan_layers=False`).
   """
 
   vocab_size: int

@@ -202,9 +202,16 @@ def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
 def _scan_layers(layers, run, x, positions, mask, cache: KVCache | None):
   """The layer loop as one `lax.scan` over the layers' states stacked at call time (the
   parameter tree keeps one entry per layer; the cache is already `[layers, ...]`).
-  Returns (x, (k, v) `[layers, B, T, Hkv, Dh]`)."""
+  Returns (x, (k, v) `[layers, B, T, Hkv, Dh]`).
+
+  The stack is a copy of the layer weights (and their gradient a stacked one), made in the
+  compute dtype: every layer casts its weights to it anyway, so the result is the same."""
   graphdef = nnx.graphdef(layers[0])
-  stacked = jax.tree.map(lambda *a: jnp.stack(a), *(nnx.state(layer) for layer in layers))
+
+  def stack(*a):
+    return jnp.stack([w.astype(x.dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w
+                      for w in a])
+  stacked = jax.tree.map(stack, *(nnx.state(layer) for layer in layers))
 
   def body(x, xs):
     state, cache_k, cache_v = xs

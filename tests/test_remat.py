@@ -93,6 +93,12 @@ def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
   other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
                                                              scan_layers=True))
   assert config_differences(cfg, other) == []  # a run may resume with other settings
+  # the same parameter tree: checkpoints, HF load/export and sharding rules are unchanged
+  def params(**settings):
+    model = nnx.eval_shape(lambda: pf.Transformer(pf.ModelConfig(**MICRO, **settings),
+                                                  rngs=nnx.Rngs(0)))
+    return jax.tree.flatten_with_path(jax.tree.map(lambda a: a.shape, nnx.state(model)))
+  assert params(remat="full", scan_layers=True) == params()
   with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['none', 'full', "
                      r"'save_matmuls'\], got 'dots'"):
     pf.ModelConfig(**MICRO, remat="dots")

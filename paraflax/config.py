@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# per-layer rematerialisation (`ModelConfig.remat`): what a layer keeps for the backward pass
+REMAT = ("none", "full", "save_matmuls")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,16 @@ class ModelConfig:
 
   `dtype` is the compute dtype (activations, attention); parameters are kept in
   `param_dtype` and logits are always float32.
+  `remat` only matters under differentiation (run control, not what the model computes):
+  "none" keeps every layer's activations for the backward pass, "full" keeps only each
+  layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
+  matmuls (projections, MLP) and recomputes attention scores and elementwise ops.
+  `scan_layers` (run control too) runs the layers as one `lax.scan` over their weights
+  stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
+  instead of n_layers copies, and the backward pass recomputes one layer at a time, which
+  XLA's CPU scheduler only honours inside a loop (unrolled, it hoists the recomputation).
+  It is a training setting: each forward stacks (copies) the layer weights, which a decode
+  step pays every token (decode with `scan_layers=False`).
   """
 
   vocab_size: int
@@ -66,6 +78,8 @@ class ModelConfig:
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
+  remat: str = "none"  # one of REMAT: per-layer rematerialisation in training
+  scan_layers: bool = False  # run the layers as a lax.scan (same parameter tree)
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -89,6 +103,10 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"ModelConfig.scan_layers must be True or False, got {self.scan_layers!r}")
+    if self.remat not in REMAT:
+      raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

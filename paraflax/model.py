@@ -38,6 +38,11 @@ class Queries(NamedTuple):
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
+# `ModelConfig.remat` -> what `jax.checkpoint` saves of a layer (dots without batch dims: the
+# weight matmuls; attention's score and value products have batch dims, so they are recomputed)
+REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
+                  "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
 
 def _param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
   return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False)
@@ -174,6 +179,47 @@ class Block(nnx.Module):
     return x + self.mlp(self.mlp_norm(x)), kv
 
 
+def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
+  """`run(layer, x, positions, mask, cache_k, cache_v) -> (x, (k, v))`, rematerialised as
+  `remat` says. The host constants (RoPE frequencies, content rows) are closed over, so they
+  stay static under `jax.checkpoint`; a missing cache (None) is an empty pytree. The layer
+  goes through `jax.checkpoint` as a (graphdef, state) split, not `nnx.remat`: a layer never
+  mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
+  graph updates refuse to touch from the checkpoint's trace."""
+  def run(layer, x, positions, mask, cache_k, cache_v):
+    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv)
+  if remat == "none":
+    return run
+
+  def run_remat(layer, *args):
+    graphdef, state = nnx.split(layer)
+    remat_run = jax.checkpoint(lambda st, *a: run(nnx.merge(graphdef, st), *a),
+                               policy=REMAT_POLICIES[remat])
+    return remat_run(state, *args)
+  return run_remat
+
+
+def _scan_layers(layers, run, x, positions, mask, cache: KVCache | None):
+  """The layer loop as one `lax.scan` over the layers' states stacked at call time (the
+  parameter tree keeps one entry per layer; the cache is already `[layers, ...]`).
+  Returns (x, (k, v) `[layers, B, T, Hkv, Dh]`).
+
+  The stack is a copy of the layer weights (and their gradient a stacked one), made in the
+  compute dtype: every layer casts its weights to it anyway, so the result is the same."""
+  graphdef = nnx.graphdef(layers[0])
+
+  def stack(*a):
+    return jnp.stack([w.astype(x.dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w
+                      for w in a])
+  stacked = jax.tree.map(stack, *(nnx.state(layer) for layer in layers))
+
+  def body(x, xs):
+    state, cache_k, cache_v = xs
+    return run(nnx.merge(graphdef, state), x, positions, mask, cache_k, cache_v)
+  cache_kv = (None, None) if cache is None else (cache.k, cache.v)
+  return jax.lax.scan(body, x, (stacked, *cache_kv))
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the calling convention."""
 
@@ -208,17 +254,22 @@ class Transformer(nnx.Module):
     x = self.embed[...].astype(dt)[tokens_BxT]
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
-    ks, vs = [], []
-    for i, layer in enumerate(self.layers):
-      ck = None if cache is None else cache.k[i]
-      cv = None if cache is None else cache.v[i]
-      x, (k, v) = layer(x, positions_BxT, mask, ck, cv, inv_freq, t)
-      ks.append(k)
-      vs.append(v)
+    run = _layer_call(cfg.remat, inv_freq, t)
+    if cfg.scan_layers:
+      x, (ks, vs) = _scan_layers(self.layers, run, x, positions_BxT, mask, cache)
+    else:
+      ks, vs = [], []
+      for i, layer in enumerate(self.layers):
+        ck = None if cache is None else cache.k[i]
+        cv = None if cache is None else cache.v[i]
+        x, (k, v) = run(layer, x, positions_BxT, mask, ck, cv)
+        ks.append(k)
+        vs.append(v)
+      ks, vs = jnp.stack(ks), jnp.stack(vs)
     x = self.final_norm(x if queries is None else x[:, t:])
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
-    return logits, ChunkKV(k=jnp.stack(ks), v=jnp.stack(vs))
+    return logits, ChunkKV(k=ks, v=vs)
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""

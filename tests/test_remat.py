@@ -1,0 +1,106 @@
+"""Per-layer remat and scanned layers (`ModelConfig.remat`, `scan_layers`): the same loss and
+gradients as the plain model (AR, the AS-ARM query stream, a cached forward), the same
+`generate` output; both are run control."""
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import MICRO, compiled_micro_model
+from flax import nnx
+
+import paraflax as pf
+from paraflax import masks
+from paraflax.training import load_config
+from paraflax.training.ar import ar
+from paraflax.training.asarm import asarm_loss
+from paraflax.training.config import config_differences
+
+pytestmark = pytest.mark.fast
+
+# each policy, each layout, scan with and without remat (one compilation each)
+VARIANTS = [dict(remat="full"), dict(scan_layers=True, remat="save_matmuls"),
+            dict(scan_layers=True)]
+
+
+def variant(model, **settings):
+  """`model`'s weights in a model with other run-control `settings` (remat, scan_layers)."""
+  graphdef, state = nnx.split(model)
+  other = nnx.eval_shape(lambda: pf.Transformer(
+      dataclasses.replace(model.cfg, **settings), rngs=nnx.Rngs(0)))
+  return nnx.merge(nnx.graphdef(other), state)
+
+
+def cached_loss(model, batch, rng):
+  """A loss through a cache: 4 tokens after cached slots (the cache's k, v are read)."""
+  del rng
+  logits, kv = model(batch["tokens"][:, :4], batch["pos"], batch["mask"], batch["cache"])
+  return jnp.mean(logits ** 2) + jnp.mean(kv.k * kv.v), {}
+
+
+def batches():
+  """(loss, batch) pairs, built inside the jitted step (no eager op-by-op compiles)."""
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, MICRO["vocab_size"])
+  cache = pf.init_cache(pf.ModelConfig(**MICRO), 2, 6)
+  kv = jax.random.normal(jax.random.key(2), cache.k.shape)
+  cache = dataclasses.replace(cache, k=kv, v=kv[::-1], lengths=jnp.array([6, 3]))
+  cached = {"tokens": tokens, "pos": jnp.broadcast_to(jnp.arange(6, 10), (2, 4)),
+            "cache": cache, "mask": masks.decode(cache.lengths, cache.slots, 4)}
+  return [(ar, {"tokens": tokens}), (asarm_loss, {"tokens": tokens}), (cached_loss, cached)]
+
+
+def losses_and_grads(model):
+  """(loss, grads) of the AR, AS-ARM (query stream) and cached losses, in one compilation."""
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  @jax.jit
+  def all_of(p):
+    return [jax.value_and_grad(lambda p: f(nnx.merge(graphdef, p), batch,
+                                           jax.random.key(3))[0])(p)
+            for f, batch in batches()]
+  return all_of(params)
+
+
+@functools.cache
+def two_stream():
+  model = compiled_micro_model(two_stream=True)  # content stream: the AR and cached losses
+  return model, losses_and_grads(model)
+
+
+@pytest.mark.parametrize("settings", VARIANTS, ids=str)
+def test_remat_and_scan_give_the_plain_loss_and_gradients(settings):
+  model, plain = two_stream()
+  got = losses_and_grads(variant(model, **settings))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), got, plain)
+
+
+@pytest.mark.parametrize("settings", VARIANTS[:2], ids=str)
+def test_generate_is_unchanged_by_remat_and_scan(settings):
+  model = two_stream()[0]
+  prompts = [[5, 9, 2], [7, 1, 1, 30, 4]]
+  plain = pf.generate(model, prompts, max_new_tokens=8)
+  other = pf.generate(variant(model, **settings), prompts, max_new_tokens=8)
+  np.testing.assert_array_equal(other.tokens, plain.tokens)
+  np.testing.assert_array_equal(other.lengths, plain.lengths)
+
+
+def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
+  cfg = load_config(Path(__file__).parent.parent / "configs" / "micro_ar.py")
+  other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
+                                                             scan_layers=True))
+  assert config_differences(cfg, other) == []  # a run may resume with other settings
+  # the same parameter tree: checkpoints, HF load/export and sharding rules are unchanged
+  def params(**settings):
+    model = nnx.eval_shape(lambda: pf.Transformer(pf.ModelConfig(**MICRO, **settings),
+                                                  rngs=nnx.Rngs(0)))
+    return jax.tree.flatten_with_path(jax.tree.map(lambda a: a.shape, nnx.state(model)))
+  assert params(remat="full", scan_layers=True) == params()
+  with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['none', 'full', "
+                     r"'save_matmuls'\], got 'dots'"):
+    pf.ModelConfig(**MICRO, remat="dots")
+  with pytest.raises(ValueError, match="scan_layers must be True or False, got 1"):
+    pf.ModelConfig(**MICRO, scan_layers=1)

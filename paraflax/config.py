@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ATTENTION = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")  # `attention.py`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,9 @@ class ModelConfig:
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
+  # run control, not identity: how attention is computed (`attention.resolve`); a run may
+  # resume with another value, and Hugging Face configs neither read nor write it
+  attention: str = "auto"  # "auto" | "xla" | "xla_chunked" | "mosaic" | "triton" | "cudnn"
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -89,6 +93,9 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
+    if self.attention not in ATTENTION:
+      raise ValueError(f"ModelConfig.attention must be one of {', '.join(ATTENTION)}; "
+                       f"got {self.attention!r}")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

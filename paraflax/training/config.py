@@ -194,7 +194,8 @@ def _mesh(spec) -> MeshConfig:
 # Fields that do not change what is trained: they may differ when a run resumes.
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
-                         "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules"})
+                         "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules",
+                         "model.attention"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
 PATH_FIELDS = ("init_from", "data_source_args.path")

@@ -73,6 +73,7 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str =
   """Masked attention `[B, T, H, D]` over keys [cache slots | chunk]: k, v `[B, T', Hkv, D]`
   (T' = T, or fewer for two-stream calls), `cache_kv` None or (k, v) `[B, S, Hkv, D]` (cast
   to q's dtype), mask `[B, T, S+T']`. `implementation` and `max_len`: see `resolve`."""
+  q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
   impl = resolve(implementation, jax.default_backend(), dt, max_len=max_len, rows=t,

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from paraflax.config import ATTENTION as IMPLEMENTATIONS
 
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
-# "auto" rules (measured on CPU with scripts/attention_bench.py; see the README):
+# "auto" thresholds, from CPU measurements (scripts/attention_bench.py):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
 DENSE_MAX_LEN = 1024  # models with max_seq_len up to this run dense xla (small, faster)
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # per-layer rematerialisation (`ModelConfig.remat`): what a layer keeps for the backward pass
 REMAT = ("none", "full", "save_matmuls")
+ATTENTION = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")  # `attention.py`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,9 @@ class ModelConfig:
   two_stream: bool = False  # AS-ARM query stream (ASSD)
   remat: str = "none"  # one of REMAT: per-layer rematerialisation in training
   scan_layers: bool = False  # run the layers as a lax.scan (same parameter tree)
+  # run control, not identity: how attention is computed (`attention.resolve`); a run may
+  # resume with another value, and Hugging Face configs neither read nor write it
+  attention: str = "auto"  # "auto" | "xla" | "xla_chunked" | "mosaic" | "triton" | "cudnn"
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -107,6 +111,9 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.scan_layers must be True or False, got {self.scan_layers!r}")
     if self.remat not in REMAT:
       raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
+    if self.attention not in ATTENTION:
+      raise ValueError(f"ModelConfig.attention must be one of {', '.join(ATTENTION)}; "
+                       f"got {self.attention!r}")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from paraflax.attention import attend
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
 
@@ -35,8 +36,6 @@ class Queries(NamedTuple):
   positions: jax.Array  # [B, Q] the position each query predicts
   mask: jax.Array  # [B, Q, S+T] the content keys (cache slots, chunk tokens) it may read
 
-
-_NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
 # `ModelConfig.remat` -> what `jax.checkpoint` saves of a layer (dots without batch dims: the
 # weight matmuls; attention's score and value products have batch dims, so they are recomputed)
@@ -132,22 +131,9 @@ class Attention(nnx.Module):
     q = apply_rope(q, positions_BxT, inv_freq)
     k = apply_rope(k, positions_BxT[:, :t_kv], inv_freq)
 
-    b, t, h, dh = q.shape
-    hkv = cfg.n_kv_heads
-    q = q.reshape(b, t, hkv, h // hkv, dh)
-    # scores over [cache slots | chunk tokens] without concatenating (copying) the cache
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    if cache_k is not None:
-      cached = jnp.einsum("btkgd,bskd->bkgts", q, cache_k.astype(dt),
-                          preferred_element_type=jnp.float32)
-      scores = jnp.concatenate([cached, scores], axis=-1)
-    scores = jnp.where(mask_BxTxK[:, None, None], scores * dh ** -0.5, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    s = 0 if cache_k is None else cache_k.shape[1]
-    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v)
-    if cache_k is not None:
-      out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], cache_v.astype(dt))
-    out = out.reshape(b, t, h, dh)
+    cache_kv = None if cache_k is None else (cache_k, cache_v)
+    out = attend(q, k, v, mask_BxTxK, implementation=cfg.attention, cache_kv=cache_kv,
+                 max_len=cfg.max_seq_len)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
 
 

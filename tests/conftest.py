@@ -50,6 +50,16 @@ def compiled_micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> 
   return model
 
 
+class StubTokenizer:
+  """What a trajectory / teacher store keeps of the tokenizer of the model that made it."""
+
+  def fingerprint(self):
+    return "micro"
+
+  def save(self, path):
+    path.write_text("{}")
+
+
 @pytest.fixture(scope="session")
 def model():
   return micro_model()

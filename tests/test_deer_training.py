@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import compiled_micro_model
+from conftest import StubTokenizer, compiled_micro_model
 from flax import nnx
 from test_generate import reference_greedy
 
@@ -43,13 +43,6 @@ def one_row():
 
 # ---- teacher store ----
 
-class _Tok:
-  def fingerprint(self):
-    return "micro"
-
-  def save(self, path):
-    path.write_text("{}")
-
 
 TEACH = tch.TeacherConfig(examples=10, answer_len=5, min_prompt_len=2, max_prompt_len=7,
                           batch_size=4)
@@ -62,7 +55,7 @@ def stream():
 
 @pytest.fixture(scope="module")
 def whole(model, stream, tmp_path_factory):
-  return tch.load(tch.collect(model, _Tok(), stream, tmp_path_factory.mktemp("t") / "a", TEACH,
+  return tch.load(tch.collect(model, StubTokenizer(), stream, tmp_path_factory.mktemp("t") / "a", TEACH,
                               progress=False))
 
 
@@ -94,21 +87,21 @@ def test_teacher_store_resumes_after_a_crash_and_refuses_other_settings(model, s
 
   monkeypatch.setattr(tch, "greedy_answers", crash_on_second)
   with pytest.raises(KeyboardInterrupt):
-    tch.collect(model, _Tok(), stream, tmp_path / "b", TEACH, progress=False)
+    tch.collect(model, StubTokenizer(), stream, tmp_path / "b", TEACH, progress=False)
   assert json.loads((tmp_path / "b" / "progress.json").read_text()) == {"batches": 1}
   with pytest.raises(ValueError, match=r"incomplete \(1/3 batches\).*teacher-data"):
     tch.load(tmp_path / "b")
   monkeypatch.setattr(tch, "greedy_answers", real)
-  resumed = tch.load(tch.collect(model, _Tok(), stream, tmp_path / "b", TEACH, progress=False))
+  resumed = tch.load(tch.collect(model, StubTokenizer(), stream, tmp_path / "b", TEACH, progress=False))
   for k in tch.ARRAYS:
     np.testing.assert_array_equal(getattr(resumed, k), getattr(whole, k))
   with pytest.raises(ValueError, match=r"other settings \(answer_len\)"):
-    tch.collect(model, _Tok(), stream, tmp_path / "b", dataclasses.replace(TEACH, answer_len=4),
+    tch.collect(model, StubTokenizer(), stream, tmp_path / "b", dataclasses.replace(TEACH, answer_len=4),
                 progress=False)
   with pytest.raises(FileNotFoundError, match="paraflax teacher-data"):
     tch.load(tmp_path / "missing")
   with pytest.raises(ValueError, match="exceeds the teacher's max_seq_len"):
-    tch.collect(model, _Tok(), stream, tmp_path / "c",
+    tch.collect(model, StubTokenizer(), stream, tmp_path / "c",
                 dataclasses.replace(TEACH, answer_len=model.cfg.max_seq_len), progress=False)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import StubTokenizer
 
 from paraflax import cli
 from paraflax.training import apply_overrides, load_config
@@ -84,13 +85,6 @@ def test_store_fed_configs_dry_run_with_no_store_and_no_init_from(config, tmp_pa
     assert report["batch"] == {k: [[2, 16], str(v.dtype)] for k, v in row.items()}
 
 
-class _Tok:
-  def fingerprint(self):
-    return "micro"
-
-  def save(self, path):
-    path.write_text("{}")
-
 
 @pytest.mark.fast
 def test_a_store_whose_rows_are_not_data_seq_len_long_is_refused(model, tmp_path, monkeypatch,
@@ -98,10 +92,10 @@ def test_a_store_whose_rows_are_not_data_seq_len_long_is_refused(model, tmp_path
   monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
   tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
   # test_jacobi_forcing's and test_deer_training's stores: their compilations are reused
-  traj = tr.collect(model, _Tok(), tokens, tmp_path / "traj", tr.CollectConfig(
+  traj = tr.collect(model, StubTokenizer(), tokens, tmp_path / "traj", tr.CollectConfig(
       block_size=4, num_blocks=2, examples=10, min_prompt_len=3, max_prompt_len=8,
       batch_size=4), progress=False)
-  teach = tch.collect(model, _Tok(), tokens, tmp_path / "teach", tch.TeacherConfig(
+  teach = tch.collect(model, StubTokenizer(), tokens, tmp_path / "teach", tch.TeacherConfig(
       examples=10, answer_len=5, min_prompt_len=2, max_prompt_len=7, batch_size=4),
       progress=False)
   for config, store, says in [

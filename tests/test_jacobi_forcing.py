@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import StubTokenizer
 
 from paraflax import masks
 from paraflax.training import jacobi_forcing as jf
@@ -84,13 +85,6 @@ def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
   assert np.all(converged[np.arange(n + 1) >= iters[..., None]])
 
 
-class _Tok:
-  def fingerprint(self):
-    return "micro"
-
-  def save(self, path):
-    path.write_text("{}")
-
 
 def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model, tmp_path,
                                                                          monkeypatch):
@@ -98,7 +92,7 @@ def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model,
   tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
   cfg = tr.CollectConfig(block_size=4, num_blocks=2, examples=10, min_prompt_len=3,
                          max_prompt_len=8, batch_size=4)
-  whole = tr.load(tr.collect(model, _Tok(), tokens, tmp_path / "a", cfg, progress=False))
+  whole = tr.load(tr.collect(model, StubTokenizer(), tokens, tmp_path / "a", cfg, progress=False))
   real, calls = tr.jacobi_trajectories, []
 
   def crash_on_second(*a, **k):
@@ -109,18 +103,18 @@ def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model,
 
   monkeypatch.setattr(tr, "jacobi_trajectories", crash_on_second)
   with pytest.raises(KeyboardInterrupt):
-    tr.collect(model, _Tok(), tokens, tmp_path / "b", cfg, progress=False)
+    tr.collect(model, StubTokenizer(), tokens, tmp_path / "b", cfg, progress=False)
   with pytest.raises(ValueError, match="incomplete"):
     tr.load(tmp_path / "b")
   monkeypatch.setattr(tr, "jacobi_trajectories", real)
-  resumed = tr.load(tr.collect(model, _Tok(), tokens, tmp_path / "b", cfg, progress=False))
+  resumed = tr.load(tr.collect(model, StubTokenizer(), tokens, tmp_path / "b", cfg, progress=False))
   for k in tr.ARRAYS:
     np.testing.assert_array_equal(getattr(resumed, k), getattr(whole, k))
   assert whole.trajectories.shape == (10, 2, 5, 4)
   other = tr.CollectConfig(block_size=2, num_blocks=2, examples=10, min_prompt_len=3,
                            max_prompt_len=8, batch_size=4)
   with pytest.raises(ValueError, match="other settings"):
-    tr.collect(model, _Tok(), tokens, tmp_path / "b", other, progress=False)
+    tr.collect(model, StubTokenizer(), tokens, tmp_path / "b", other, progress=False)
 
 
 def test_example_targets_partners_and_consistency_weights():

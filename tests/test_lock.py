@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import StubTokenizer
 
 from paraflax import cli
 from paraflax.training import teacher, trajectories
@@ -41,13 +42,6 @@ def _holder(*dirs):
   return proc
 
 
-class _Tok:
-  def fingerprint(self):
-    return "micro"
-
-  def save(self, path):
-    path.write_text("{}")
-
 
 @pytest.mark.fast
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nothing(
@@ -69,11 +63,11 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks
     assert len(log.read_text().splitlines()) == 661
     stream = np.arange(4, 200, dtype=np.int32) % 48
     with pytest.raises(LockedError, match="teacher store .*" + who):
-      teacher.collect(model, _Tok(), stream, tch, teacher.TeacherConfig(
+      teacher.collect(model, StubTokenizer(), stream, tch, teacher.TeacherConfig(
           examples=4, answer_len=2, min_prompt_len=2, max_prompt_len=4, batch_size=4),
           progress=False)
     with pytest.raises(LockedError, match="trajectory store .*" + who):
-      trajectories.collect(model, _Tok(), stream, traj, trajectories.CollectConfig(
+      trajectories.collect(model, StubTokenizer(), stream, traj, trajectories.CollectConfig(
           block_size=2, num_blocks=1, examples=4, min_prompt_len=2, max_prompt_len=4,
           batch_size=4), progress=False)
     assert not (tch / "meta.json").exists() and not (traj / "meta.json").exists()

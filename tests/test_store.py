@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 
 from paraflax.checksums import ChecksumError, ChecksumWarning
+from conftest import StubTokenizer
 from paraflax.training import store
 
 META = {"examples": 10, "batch_size": 4}
 SHAPES = {"rows": ((10, 3), (4, 3)), "lens": ((10,), (4,))}
 
-
-class _Tok:
-  def save(self, path):
-    path.write_text("{}")
 
 
 def _make(i, lo, hi):
@@ -29,7 +26,7 @@ def _fill(out, stop_at=None):
     if i == stop_at:
       raise KeyboardInterrupt  # the process dies before writing batch `stop_at`
     return _make(i, lo, hi)
-  arrays, done = store.open_store(out, META, SHAPES, _Tok(), what="test store")
+  arrays, done = store.open_store(out, META, SHAPES, StubTokenizer(), what="test store")
   store.fill(out, arrays, META, done, make, desc="test", progress=False)
   return out
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import StubTokenizer
 from flax import nnx
 
 from paraflax import cli
@@ -128,19 +129,11 @@ def test_directories_compare_resolved_however_spelled(micro, model, tmp_path, mo
   stream = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
   cfg = tch.TeacherConfig(examples=10, answer_len=5, min_prompt_len=2, max_prompt_len=7,
                           batch_size=4)  # test_deer_training's: its compilation is reused
-  whole = tch.load(tch.collect(model, _Tok(), stream, "store", cfg, source="src/",
+  whole = tch.load(tch.collect(model, StubTokenizer(), stream, "store", cfg, source="src/",
                                progress=False))
   assert whole.meta["source"] == str(tmp_path / "src")
-  again = tch.load(tch.collect(model, _Tok(), stream, tmp_path / "store/", cfg,
+  again = tch.load(tch.collect(model, StubTokenizer(), stream, tmp_path / "store/", cfg,
                                source=str(tmp_path / "src"), progress=False))
   np.testing.assert_array_equal(again.answers, whole.answers)
   with pytest.raises(ValueError, match=r"other settings \(source\)"):
-    tch.collect(model, _Tok(), stream, "store", cfg, source=str(tmp_path), progress=False)
-
-
-class _Tok:
-  def fingerprint(self):
-    return "micro"
-
-  def save(self, path):
-    path.write_text("{}")
+    tch.collect(model, StubTokenizer(), stream, "store", cfg, source=str(tmp_path), progress=False)

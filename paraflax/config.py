@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # per-layer rematerialisation (`ModelConfig.remat`): what a layer keeps for the backward pass
-REMAT = ("none", "full", "save_matmuls")
+REMAT = ("auto", "none", "full", "save_matmuls")
 ATTENTION = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")  # `attention.py`
 
 
@@ -51,13 +51,15 @@ class ModelConfig:
   `remat` only matters under differentiation (run control, not what the model computes):
   "none" keeps every layer's activations for the backward pass, "full" keeps only each
   layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
-  matmuls (projections, MLP) and recomputes attention scores and elementwise ops.
+  matmuls (projections, MLP) and recomputes attention scores and elementwise ops; "auto" is
+  "full" for real-size models (`max_seq_len` above `attention.DENSE_MAX_LEN`), else "none".
   `scan_layers` (run control too) runs the layers as one `lax.scan` over their weights
   stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
   instead of n_layers copies, and the backward pass recomputes one layer at a time, which
   XLA's CPU scheduler only honours inside a loop (unrolled, it hoists the recomputation).
   It is a training setting: each forward stacks (copies) the layer weights, which a decode
-  step pays every token (decode with `scan_layers=False`).
+  step pays every token. "auto" scans the cache-free calls (training, validation) of a
+  model whose remat resolves to a policy, and never a call over a cache (decoding).
   """
 
   vocab_size: int
@@ -79,8 +81,8 @@ class ModelConfig:
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
   two_stream: bool = False  # AS-ARM query stream (ASSD)
-  remat: str = "none"  # one of REMAT: per-layer rematerialisation in training
-  scan_layers: bool = False  # run the layers as a lax.scan (same parameter tree)
+  remat: str = "auto"  # one of REMAT: per-layer rematerialisation in training
+  scan_layers: bool | str = "auto"  # True | False | "auto": the layers as a lax.scan
   # run control, not identity: how attention is computed (`attention.resolve`); a run may
   # resume with another value, and Hugging Face configs neither read nor write it
   attention: str = "auto"  # "auto" | "xla" | "xla_chunked" | "mosaic" | "triton" | "cudnn"
@@ -107,8 +109,9 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
-    if not isinstance(self.scan_layers, bool):
-      raise ValueError(f"ModelConfig.scan_layers must be True or False, got {self.scan_layers!r}")
+    if not (isinstance(self.scan_layers, bool) or self.scan_layers == "auto"):
+      raise ValueError(f"ModelConfig.scan_layers must be True, False or 'auto', got "
+                       f"{self.scan_layers!r}")
     if self.remat not in REMAT:
       raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
     if self.attention not in ATTENTION:

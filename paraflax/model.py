@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax.attention import attend
+from paraflax.attention import DENSE_MAX_LEN, attend
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
 
@@ -41,6 +41,22 @@ class Queries(NamedTuple):
 # weight matmuls; attention's score and value products have batch dims, so they are recomputed)
 REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
                   "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def remat_policy(cfg: ModelConfig) -> str:
+  """`cfg.remat` with "auto" resolved: "full" for models longer than `DENSE_MAX_LEN` (the
+  real-size ones, whose activations dominate training memory), else "none"."""
+  if cfg.remat != "auto":
+    return cfg.remat
+  return "full" if cfg.max_seq_len > DENSE_MAX_LEN else "none"
+
+
+def scans(cfg: ModelConfig, cached: bool) -> bool:
+  """`cfg.scan_layers` with "auto" resolved for one call: scan a cache-free call when remat
+  applies (the backward recomputes one layer at a time), never a call over a cache."""
+  if cfg.scan_layers != "auto":
+    return cfg.scan_layers
+  return not cached and remat_policy(cfg) != "none"
 
 
 def _param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
@@ -240,8 +256,8 @@ class Transformer(nnx.Module):
     x = self.embed[...].astype(dt)[tokens_BxT]
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
-    run = _layer_call(cfg.remat, inv_freq, t)
-    if cfg.scan_layers:
+    run = _layer_call(remat_policy(cfg), inv_freq, t)
+    if scans(cfg, cache is not None):
       x, (ks, vs) = _scan_layers(self.layers, run, x, positions_BxT, mask, cache)
     else:
       ks, vs = [], []

@@ -15,15 +15,19 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax import masks
+from paraflax.attention import DENSE_MAX_LEN
 from paraflax.training import load_config
 from paraflax.training.ar import ar
 from paraflax.training.asarm import asarm_loss
+from paraflax.model import remat_policy, scans
 from paraflax.training.config import config_differences
 
 pytestmark = pytest.mark.fast
 
-# each policy, each layout, scan with and without remat (one compilation each)
-VARIANTS = [dict(remat="full"), dict(scan_layers=True, remat="save_matmuls"),
+# each policy, each layout, scan with and without remat (one compilation each); the plain
+# model is the micro default ("auto": no remat, no scan)
+VARIANTS = [dict(remat="full", scan_layers=False), dict(remat="full"),  # "auto" scans
+            dict(scan_layers=True, remat="save_matmuls"),
             dict(scan_layers=True)]
 
 
@@ -99,8 +103,19 @@ def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
                                                   rngs=nnx.Rngs(0)))
     return jax.tree.flatten_with_path(jax.tree.map(lambda a: a.shape, nnx.state(model)))
   assert params(remat="full", scan_layers=True) == params()
-  with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['none', 'full', "
-                     r"'save_matmuls'\], got 'dots'"):
+  with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['auto', 'none', "
+                     r"'full', 'save_matmuls'\], got 'dots'"):
     pf.ModelConfig(**MICRO, remat="dots")
-  with pytest.raises(ValueError, match="scan_layers must be True or False, got 1"):
+  with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 1"):
     pf.ModelConfig(**MICRO, scan_layers=1)
+
+
+def test_auto_remats_and_scans_real_size_training_calls_only():
+  small = pf.ModelConfig(**MICRO)
+  real = dataclasses.replace(small, max_seq_len=DENSE_MAX_LEN + 1)
+  assert (small.remat, small.scan_layers) == ("auto", "auto")  # the defaults
+  assert remat_policy(small) == "none" and not scans(small, cached=False)
+  assert remat_policy(real) == "full" and scans(real, cached=False)
+  assert not scans(real, cached=True)  # decode steps never stack the weights
+  assert scans(dataclasses.replace(small, remat="full"), cached=False)
+  assert not scans(dataclasses.replace(real, scan_layers=False), cached=False)

@@ -1,6 +1,7 @@
-"""Collection on a mesh (`shares.py`): which rows each process writes, the `--mesh` flag, and
+"""Collection on a mesh (`shares.py`): which rows each process writes, the `--mesh` flag;
 (in a subprocess with 8 CPU devices, `collect_mesh_cases.py`) trajectory and teacher stores
-collected on (2, 2, 2) and (1, 8, 1) meshes equal the single-device stores."""
+collected on (2, 2, 2) and (1, 8, 1) meshes equal the single-device stores; and two processes
+(2 CPU devices each) filling one store, each writing its own rows, equal one device."""
 
 import os
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from test_multihost import run_two
 
 from paraflax import cli
 from paraflax.meshes import MeshConfig
@@ -62,3 +64,13 @@ def test_stores_collected_on_eight_devices_equal_one_device():
       check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
   assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_two_processes_each_write_their_rows_of_one_store(tmp_path):
+  results = run_two(HERE / "multihost_collect_worker.py", tmp_path,
+                    env={"PARAFLAX_TEST_OUT": str(tmp_path / "stores")})
+  assert [r["rows"] for r in results] == [[[0, 4]], [[4, 8]]]  # batch rows split by process
+  for r in results:
+    assert all(r["checks"].values()), r
+  assert {"trajectories", "teacher"} <= set(results[0]["checks"])  # equal to one device

@@ -18,6 +18,7 @@ prompts (drawn from one seed), and:
     has written its rows, so a killed run resumes at the first batch some process had not
     finished, on any number of processes or devices.
 One process with many devices takes the same path: it owns every row, the barriers are trivial.
+Without a mesh, a process collects alone on one device (no barriers, every row its own).
 """
 
 from __future__ import annotations
@@ -62,23 +63,31 @@ class Share:
   mesh: Mesh | None
   batch_size: int
 
+  def __post_init__(self):
+    if self.mesh is not None and jax.process_count() > 1 and len(
+        {d.process_index for d in self.mesh.devices.flat}) != jax.process_count():
+      raise ValueError("a multi-host collection needs a mesh over every process's devices")
+
   @property
   def primary(self) -> bool:
-    return jax.process_index() == 0
+    """Whether this process writes the store's own files (without a mesh: every process)."""
+    return self.mesh is None or jax.process_index() == 0
 
   def rows(self, n: int) -> list[tuple[int, int]]:
     """The row ranges of a batch's first `n` rows (fewer in a padded last batch) this
     process writes."""
     if self.mesh is None:
-      return [(0, n)] if self.primary else []
+      return [(0, n)]
     s = sharding.batch_sharding((self.batch_size,), self.mesh)
     rows = owned_rows(s.devices_indices_map((self.batch_size,)), self.batch_size,
                       jax.process_index())
     return [(lo, min(hi, n)) for lo, hi in rows if lo < n]
 
   def sync(self, name: str) -> None:
-    """A barrier across processes (every process passes the same `name`; trivial on one)."""
-    multihost_utils.sync_global_devices(name)
+    """A barrier across processes (every process passes the same `name`; trivial on one,
+    none without a mesh: each process then runs alone)."""
+    if self.mesh is not None:
+      multihost_utils.sync_global_devices(name)
 
   def place(self, model):
     """`model` with its params sharded by the rules (as is without a mesh)."""

@@ -7,7 +7,6 @@ import inspect
 import json
 import sys
 
-from paraflax import distributed
 from paraflax.evaluation.methods import DECODERS
 from paraflax.paths import CACHE, CONFIGS
 
@@ -49,15 +48,17 @@ def _report(summary: dict) -> None:
 
 
 def cmd_collect(args):
+  from paraflax import distributed
+  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, trajectories
-  distributed.initialize_from_args(args)
   cfg = _call(trajectories.CollectConfig, args)
   _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh))
 
 
 def cmd_teacher_data(args):
+  from paraflax import distributed
+  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, teacher
-  distributed.initialize_from_args(args)
   cfg = _call(teacher.TeacherConfig, args)
   _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh))
 
@@ -74,6 +75,7 @@ def _mesh(value: str):
 
 def _collect_flags(q) -> None:
   """The mesh and multi-host flags of the commands that fill a store."""
+  from paraflax import distributed
   q.add_argument("--mesh", type=_mesh, default=None, metavar="DATA,FSDP,TENSOR",
                  help="run on a device mesh as `train --set mesh=...`, e.g. 1,8,1 (-1: the "
                  "rest): the model sharded, prompts split over data x fsdp (default: one device)")

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -99,7 +100,7 @@ class Share:
   def batch(self, *host_arrays: np.ndarray) -> tuple[jax.Array, ...]:
     """[B, ...] host arrays (the same on every process) split over the batch axes."""
     if self.mesh is None:
-      return tuple(jax.numpy.asarray(a) for a in host_arrays)
+      return tuple(jnp.asarray(a) for a in host_arrays)
     return tuple(sharding.shard_batch(host_arrays, self.mesh))
 
   def whole(self, x):

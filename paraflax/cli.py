@@ -41,16 +41,45 @@ def cmd_demo(args):
            retrain=args.retrain, ship=args.ship, steps=args.steps)
 
 
+def _report(summary: dict) -> None:
+  import jax
+  if jax.process_index() == 0:  # one summary per run, not per host
+    print(json.dumps(summary))
+
+
 def cmd_collect(args):
+  from paraflax import distributed
+  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, trajectories
   cfg = _call(trajectories.CollectConfig, args)
-  print(json.dumps(collect.collect_trajectories(args.workdir, args.out, cfg)))
+  _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh))
 
 
 def cmd_teacher_data(args):
+  from paraflax import distributed
+  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, teacher
   cfg = _call(teacher.TeacherConfig, args)
-  print(json.dumps(collect.teacher_data(args.workdir, args.out, cfg)))
+  _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh))
+
+
+def _mesh(value: str):
+  """`--mesh 1,8,1`: a mesh spec as `train --set mesh=...` takes it (sizes, -1 = the rest)."""
+  from paraflax.meshes import MeshConfig
+  from paraflax.training.overrides import parse
+  try:
+    return MeshConfig.of(parse(value, object))
+  except (ValueError, TypeError) as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _collect_flags(q) -> None:
+  """The mesh and multi-host flags of the commands that fill a store."""
+  from paraflax import distributed
+  q.add_argument("--mesh", type=_mesh, default=None, metavar="DATA,FSDP,TENSOR",
+                 help="run on a device mesh as `train --set mesh=...`, e.g. 1,8,1 (-1: the "
+                 "rest): the model sharded, prompts split over data x fsdp (default: one device)")
+  distributed.add_arguments(q)
 
 
 def cmd_convert(args):
@@ -144,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
   j.add_argument("--out", required=True, help="trajectory store directory")
   _ints(j, block_size=16, num_blocks=4, examples=2048, min_prompt_len=32, max_prompt_len=96,
         batch_size=64, seed=0)
+  _collect_flags(j)
 
   td = command("teacher-data", cmd_teacher_data, "store the model's greedy continuations of "
                "training prompts (DEER drafter training data; resumable)")
@@ -152,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
   _ints(td, examples=2048)
   td.add_argument("--answer-len", type=int, default=128, help="greedy tokens per prompt")
   _ints(td, min_prompt_len=32, max_prompt_len=96, batch_size=64, seed=0)
+  _collect_flags(td)
 
   c = command("convert", cmd_convert, "Hugging Face checkpoint -> paraflax (orbax) directory")
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")

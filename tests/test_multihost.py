@@ -22,19 +22,21 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_train_and_generate_as_one_device(tmp_path):
+def run_two(worker: Path, tmp_path: Path, env: dict | None = None) -> list[dict]:
+  """Run `worker` as processes 0 and 1 of one run (2 CPU devices each); the `RESULT {json}`
+  each printed last, sorted by process."""
   port = _free_port()
   logs = [tmp_path / f"worker{i}.log" for i in range(2)]
   with contextlib.ExitStack() as stack:
     procs = []
     for i, log in enumerate(logs):
-      env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-             "JAX_PLATFORMS": "cpu", "PARAFLAX_COORDINATOR": f"127.0.0.1:{port}",
-             "PARAFLAX_NUM_PROCESSES": "2", "PARAFLAX_PROCESS_ID": str(i)}
+      penv = {**os.environ, **(env or {}),
+              "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+              "JAX_PLATFORMS": "cpu", "PARAFLAX_COORDINATOR": f"127.0.0.1:{port}",
+              "PARAFLAX_NUM_PROCESSES": "2", "PARAFLAX_PROCESS_ID": str(i)}
       out = stack.enter_context(log.open("w"))
-      procs.append(subprocess.Popen([sys.executable, str(HERE / "multihost_worker.py")],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT))
+      procs.append(subprocess.Popen([sys.executable, str(worker)],
+                                    env=penv, stdout=out, stderr=subprocess.STDOUT))
     try:
       codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     finally:
@@ -51,6 +53,12 @@ def test_two_processes_train_and_generate_as_one_device(tmp_path):
     results.append(json.loads(lines[-1][len("RESULT "):]))
   results.sort(key=lambda r: r["process"])
   assert [r["process"] for r in results] == [0, 1]
+  return results
+
+
+@pytest.mark.slow
+def test_two_processes_train_and_generate_as_one_device(tmp_path):
+  results = run_two(HERE / "multihost_worker.py", tmp_path)
   for r in results:
     assert all(r["checks"].values()), r
   # process 0 checked loss, params and tokens against one device; process 1 saw the same

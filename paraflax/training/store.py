@@ -14,7 +14,8 @@ A store is a directory:
                     appended before progress.json advances; verified by `read_store`
     paraflax.lock   held while a command fills the store (`writing`, `lock.py`)
 
-Stores are written by one process (the commands that make them run on one host).
+On a mesh, and across hosts, each process writes its own rows of each batch; process 0 alone
+writes the other files (`shares.py`).
 """
 
 from __future__ import annotations
@@ -171,18 +172,28 @@ def padded_batch(a: np.ndarray, lo: int, hi: int, size: int) -> np.ndarray:
 
 def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
          make: Callable[[int, int, int], Mapping[str, np.ndarray]], *, desc: str,
-         progress: bool = True, postfix: Callable[[Mapping], dict] | None = None) -> None:
+         progress: bool = True, postfix: Callable[[Mapping], dict] | None = None,
+         share=None) -> None:
   """Write batches `done..` : `make(i, lo, hi)` returns rows lo..hi of every array. progress.json
-  advances only after a batch is on disk, so a killed fill resumes at the first unwritten one."""
+  advances only after a batch is on disk, so a killed fill resumes at the first unwritten one.
+
+  `share` (a `shares.Share`, on a mesh or multi-host): this process writes its rows of each
+  batch; after a barrier, process 0 alone logs the checksums and advances progress.json."""
   total, bs = num_batches(meta), meta["batch_size"]
-  bar = tqdm(total=total, initial=done, desc=desc, unit="batch", disable=not progress,
-             dynamic_ncols=True)
+  primary = share is None or share.primary
+  bar = tqdm(total=total, initial=done, desc=desc, unit="batch",
+             disable=not progress or not primary, dynamic_ncols=True)
   try:
     for i in range(done, total):
       lo, hi = i * bs, min((i + 1) * bs, meta["examples"])
       rows = make(i, lo, hi)
-      for w in [arrays[k][lo:hi].write(v) for k, v in rows.items()]:
+      own = [(0, hi - lo)] if share is None else share.rows(hi - lo)
+      for w in [arrays[k][lo + a:lo + b].write(v[a:b]) for k, v in rows.items() for a, b in own]:
         w.result()
+      if share is not None:
+        share.sync(f"{out} batch {i}")  # every process's rows are on disk
+      if not primary:
+        continue
       if (out / CHECKSUMS).is_file():
         written = [f for k in rows for f in _chunk_files(arrays[k], k, lo, hi)]
         with open(out / CHECKSUMS, "a") as log:
@@ -191,6 +202,8 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
       bar.update(1)
       if postfix is not None:
         bar.set_postfix(**postfix(rows))
+    if share is not None:
+      share.sync(f"{out} filled")  # progress.json is final for every process
   except KeyboardInterrupt:  # Ctrl-C: what progress.json says is on disk is kept
     kept = read_json(out / PROGRESS)["batches"]
     raise Interrupted(f"interrupted: {kept} of {total} batches are kept in {out}; run the "

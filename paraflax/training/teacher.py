@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from paraflax import sharding
 from paraflax.training import store
+from paraflax.training.shares import Share
 from paraflax.training.store import TOKENIZER, training_prompts  # noqa: F401
 
 ARRAYS = ("prompts", "prompt_lens", "answers")
@@ -46,19 +48,23 @@ class TeacherConfig:
 
 
 def greedy_answers(model, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
-                   answer_len: int) -> np.ndarray:
+                   answer_len: int, *, mesh=None) -> np.ndarray:
   """The model's greedy AR continuations `[B, answer_len]` of right-padded prompts (no EOS
-  stop). One compilation per (batch, P, answer_len)."""
+  stop), on `mesh` if given (as `generate`). One compilation per (batch, P, answer_len)."""
   from paraflax.decoding.generate import generate
   out = generate(model, prompts_BxP, max_new_tokens=answer_len, eos_id=None,
-                 prompt_lengths=prompt_lens_B, max_prompt_len=prompts_BxP.shape[1])
+                 prompt_lengths=prompt_lens_B, max_prompt_len=prompts_BxP.shape[1], mesh=mesh)
   return np.asarray(out.tokens)
 
 
 def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: TeacherConfig, *,
-            source: str = "", progress: bool = True) -> Path:
+            source: str = "", progress: bool = True, mesh=None, axis_rules=None) -> Path:
   """Continue `cfg.examples` prompts drawn from `tokens` greedily with `model` and store
-  prompts and answers under `out`. Resumes a partial store made with the same settings."""
+  prompts and answers under `out`. Resumes a partial store made with the same settings (on
+  any mesh).
+
+  `mesh`, `axis_rules` as for `generate`: the model sharded by the rules, each batch's
+  prompts split over the data axes; multi-host, each process writes its rows (`shares.py`)."""
   out = Path(out).expanduser()
   bs, p, a = cfg.batch_size, cfg.max_prompt_len, cfg.answer_len
   if p + a > model.cfg.max_seq_len:
@@ -69,15 +75,18 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: T
   shapes = {"prompts": ((cfg.examples, p), (bs, p)), "prompt_lens": ((cfg.examples,), (bs,)),
             "answers": ((cfg.examples, a), (bs, a))}
   prompts, lens = training_prompts(tokens, cfg)
+  share = Share(sharding.resolve_mesh(mesh, axis_rules), bs)
+  model = share.place(model)  # once, not per batch
 
   def make(i, lo, hi):
     pb, lb = (store.padded_batch(x, lo, hi, bs) for x in (prompts, lens))
-    answers = greedy_answers(model, pb, lb, a)
+    answers = greedy_answers(model, pb, lb, a, mesh=share.mesh)
     return {"prompts": prompts[lo:hi], "prompt_lens": lens[lo:hi], "answers": answers[:hi - lo]}
 
-  with store.writing(out, what="teacher store"):
-    arrays, done = store.open_store(out, meta, shapes, tokenizer, what="teacher store")
-    store.fill(out, arrays, meta, done, make, desc=f"teacher answers A={a}", progress=progress)
+  with share.writing(out, what="teacher store"):
+    arrays, done = share.open_store(out, meta, shapes, tokenizer, what="teacher store")
+    store.fill(out, arrays, meta, done, make, desc=f"teacher answers A={a}", progress=progress,
+               share=share)
   return out
 
 

@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import masks
+from paraflax import masks, sharding
 from paraflax.cache import commit
 from paraflax.decoding.state import Forward, prefill
 from paraflax.training import store
+from paraflax.training.shares import Share
 from paraflax.training.store import META, PROGRESS, TOKENIZER, training_prompts  # noqa: F401
 
 ARRAYS = ("prompts", "prompt_lens", "trajectories", "iterations")
@@ -79,7 +80,8 @@ def jacobi_trajectories(fwd: Forward, prompts_BxP, prompt_lens_B, rng, *, block_
     return (cache, y[:, -1]), (jnp.moveaxis(traj, 0, 1), first)
 
   _, (traj, iters) = jax.lax.scan(one_block, (cache, last), jax.random.split(rng, num_blocks))
-  return jnp.moveaxis(traj, 0, 1), iters.T  # [B, nb, n+1, n], [B, nb]
+  # [B, nb, n+1, n], [B, nb]: whole on every device (under `sharding.use_mesh`)
+  return sharding.constrain_replicated((jnp.moveaxis(traj, 0, 1), iters.T))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +106,12 @@ class CollectConfig:
 
 
 def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: CollectConfig, *,
-            source: str = "", progress: bool = True) -> Path:
+            source: str = "", progress: bool = True, mesh=None, axis_rules=None) -> Path:
   """Decode `cfg.examples` prompts drawn from `tokens` with fixed-span Jacobi and store every
-  trajectory under `out`. Resumes a partial store made with the same settings."""
+  trajectory under `out`. Resumes a partial store made with the same settings (on any mesh).
+
+  `mesh`, `axis_rules` as for `generate`: the model sharded by the rules, each batch's
+  prompts split over the data axes; multi-host, each process writes its rows (`shares.py`)."""
   out = Path(out).expanduser()
   n, nb, bs = cfg.block_size, cfg.num_blocks, cfg.batch_size
   if cfg.max_prompt_len + nb * n > model.cfg.max_seq_len:
@@ -120,21 +125,23 @@ def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: C
             "trajectories": ((cfg.examples, nb, n + 1, n), (bs, nb, n + 1, n)),
             "iterations": ((cfg.examples, nb), (bs, nb))}
   prompts, lens = training_prompts(tokens, cfg)
-  fwd = Forward.of(model)
-  key = jax.random.key(cfg.seed)
+  share = Share(sharding.resolve_mesh(mesh, axis_rules), bs)
+  fwd = Forward.of(share.place(model))
+  key = jax.random.key(cfg.seed)  # one key per batch, whatever the mesh: the same store
 
   def make(i, lo, hi):
-    pb, lb = (store.padded_batch(a, lo, hi, bs) for a in (prompts, lens))
-    traj, iters = jax.device_get(jacobi_trajectories(
-        fwd, jnp.asarray(pb), jnp.asarray(lb), jax.random.fold_in(key, i), block_size=n,
-        num_blocks=nb))
+    pb, lb = share.batch(*(store.padded_batch(a, lo, hi, bs) for a in (prompts, lens)))
+    with sharding.use_mesh(share.mesh):
+      traj, iters = jax.device_get(jacobi_trajectories(
+          fwd, pb, lb, share.whole(jax.random.fold_in(key, i)), block_size=n, num_blocks=nb))
     return {"prompts": prompts[lo:hi], "prompt_lens": lens[lo:hi],
             "trajectories": traj[:hi - lo], "iterations": iters[:hi - lo]}
 
-  with store.writing(out, what="trajectory store"):
-    arrays, done = store.open_store(out, meta, shapes, tokenizer, what="trajectory store")
+  with share.writing(out, what="trajectory store"):
+    arrays, done = share.open_store(out, meta, shapes, tokenizer, what="trajectory store")
     store.fill(out, arrays, meta, done, make, desc=f"trajectories n={n}", progress=progress,
-               postfix=lambda r: {"iters_per_block": f"{r['iterations'].mean():.1f}/{n}"})
+               postfix=lambda r: {"iters_per_block": f"{r['iterations'].mean():.1f}/{n}"},
+               share=share)
   return out
 
 

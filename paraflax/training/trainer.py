@@ -5,7 +5,8 @@
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
     loss.png        training and validation loss against step
-    checkpoints/    params + optimizer state + data-iterator state per saved step
+    checkpoints/    params + optimizer state + data-iterator state per saved step, saved
+                    asynchronously (see `checkpoint.py`): `train` returns once the last is committed
     paraflax.lock   held by the run writing here: a second one is refused (`lock.py`)
 and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
@@ -186,7 +187,7 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
         with meter.paused():  # validation and saving are not training time
           summary["val_loss"] = validate(done)
       if done % cfg.checkpoint_every == 0 or done == target:
-        with meter.paused():
+        with meter.paused():  # only the copy to host: writing goes on beside the next steps
           ckpt.save(done, params, opt_state, it.get_state())
         saved = done
       bar.update(1)
@@ -196,7 +197,7 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
     if bar is not None:
       bar.close()
     log.close()
-    ckpt.close()
+    ckpt.close()  # waits until the last save is committed and hashed
   if summary["step"] > start:
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
@@ -228,9 +229,10 @@ def _initial_state(cfg: TrainConfig, mesh):
 
 def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):
   """After Ctrl-C: save step `step` (params, optimizer state, data position) unless it is
-  saved already, then raise `interrupt.Interrupted` saying where."""
+  saved already, wait until it is committed, then raise `interrupt.Interrupted` saying where."""
   if step > saved:
     ckpt.save(step, params, opt_state, it.get_state())
+  ckpt.wait()
   where = ckpt.directory / str(step) if step else None
   raise interrupt.Interrupted(
       f"interrupted at step {step}: saved {where}; run the same command again to resume"

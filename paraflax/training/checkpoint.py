@@ -11,7 +11,8 @@ and the iterator state; orbax writes them to `<step>.orbax-checkpoint-tmp` in a 
 thread and commits by renaming it to `<step>` (on object stores, by a `commit_success.txt`).
 Orbax never lists an uncommitted step, so a run killed mid-save resumes from the previous one.
 `wait` (called by the next `save`, by every read and by `close`) blocks until the last save is
-committed and hashed.
+committed and hashed. Locations are `etils.epath` paths (`paraflax.paths.as_path`), so a
+workdir may be `gs://bucket/run`: orbax, the manifests and the readers use the same code.
 
 Checksums: once orbax has committed a step, each process lists the size and crc32 of the
 files it wrote (its `*process_<i>` shards; process 0 also everything shared) in
@@ -29,17 +30,17 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import threading
 import warnings
-from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from paraflax.checksums import (ALGORITHM, ChecksumError, ChecksumWarning, digest, files_under,
                                 verify)
 from paraflax.json_io import read_json, write_json
+from paraflax.paths import as_path
 
 CHECKPOINTS = "checkpoints"
 CORRUPT = "corrupt_checkpoints"  # where resume moves the steps it had to skip
@@ -67,9 +68,10 @@ def _owner(rel: str, process_count: int) -> int:
   return 0
 
 
-def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> Path:
+def write_manifest(step_dir: str | os.PathLike, process: int = 0,
+                   process_count: int = 1) -> epath.Path:
   """Write `checksums.process_<process>.json` for the files of `step_dir` this process wrote."""
-  step_dir = Path(step_dir)
+  step_dir = epath.Path(step_dir)
   rels = [r for r in files_under(step_dir) if not _MANIFEST_RE.fullmatch(r)
           and _owner(r, process_count) == process]
   path = step_dir / MANIFEST.format(process)
@@ -78,7 +80,7 @@ def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> 
   return path
 
 
-def _read_manifest(path: Path) -> dict:
+def _read_manifest(path: epath.Path) -> dict:
   """A step's manifest; one that cannot be read is a `ChecksumError` (the step is suspect)."""
   try:
     manifest = read_json(path)
@@ -89,12 +91,12 @@ def _read_manifest(path: Path) -> dict:
   raise ChecksumError(path, "not a valid checksum manifest (truncated or corrupt)")
 
 
-def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> bool:
+def verify_step(step_dir: str | os.PathLike, items: tuple[str, ...] | None = None) -> bool:
   """Check the files of `step_dir` against its manifests: top-level files and those of `items`
   (default: every item). Entries of an item whose directory is absent (the optimizer state of
   a params-only copy) are skipped: the caller decides which items it needs. Returns False when
   the step has no manifest; raises `ChecksumError` naming the first file that differs."""
-  step_dir = Path(step_dir)
+  step_dir = epath.Path(step_dir)
   found = sorted(step_dir.glob("checksums.process_*.json"))
   if not found:
     return False
@@ -141,11 +143,16 @@ class _Commit(threading.Thread):
       raise self.error
 
 
+def checkpoint_dir(workdir: str | os.PathLike) -> epath.Path:
+  """Where orbax keeps a workdir's steps: `<workdir>/checkpoints`, local or `gs://`."""
+  return as_path(workdir) / CHECKPOINTS
+
+
 class Checkpoints:
   """A thin orbax `CheckpointManager` over `<workdir>/checkpoints`, with checksums."""
 
   def __init__(self, workdir: str | os.PathLike, keep: int = 2, *, create: bool = True):
-    directory = Path(workdir).absolute() / CHECKPOINTS
+    directory = checkpoint_dir(workdir)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
                                            enable_async_checkpointing=True,
                                            cleanup_tmp_directories=create)
@@ -153,13 +160,17 @@ class Checkpoints:
     self._mngr = ocp.CheckpointManager(directory, options=options)
     self._commit: _Commit | None = None
 
-  def step_dir(self, step: int) -> Path:
+  def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
 
   def latest_step(self) -> int | None:
+    """The newest committed step (after `wait`)."""
+    self.wait()
     return self._mngr.latest_step()
 
   def all_steps(self) -> list[int]:
+    """The committed steps (after `wait`), oldest first."""
+    self.wait()
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, params, opt_state, data_state: dict) -> None:
@@ -205,6 +216,7 @@ class Checkpoints:
     A params-only step (a shipped model, a `paraflax convert` output) is refused with a clear
     message: it cannot resume the run exactly, and `init_from` trains on from its weights.
     """
+    self.wait()
     if not (self.step_dir(step) / "opt_state").is_dir():
       workdir = self.directory.parent
       raise ValueError(f"checkpoint {self.step_dir(step)} holds params only (no optimizer "
@@ -259,7 +271,7 @@ class Checkpoints:
         target, n = dest / str(step), 1
         while target.exists():
           target, n = dest / f"{step}.{n}", n + 1
-        shutil.move(str(self.step_dir(step)), str(target))
+        self.step_dir(step).rename(target)
     if many:
       multihost_utils.sync_global_devices("paraflax-set-aside-end")
     self._mngr.reload()
@@ -289,7 +301,7 @@ def checksum_workdir(workdir: str | os.PathLike, step: int | None = None) -> dic
   """Verify each saved step (or `step`) of a workdir against its checksums, writing them for a
   step that has none (an older run, a shipped model). Returns {"workdir", "steps": {step:
   "verified" | "wrote"}}; a file that differs is a `ChecksumError` naming it."""
-  workdir = Path(workdir).expanduser()
+  workdir = as_path(workdir)
   if not (workdir / CHECKPOINTS).is_dir():
     raise FileNotFoundError(f"no {CHECKPOINTS}/ in {str(workdir)!r}: not a training workdir")
   ckpt = Checkpoints(workdir, create=False)

@@ -33,15 +33,16 @@ import functools
 import math
 import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 from tqdm.auto import tqdm
 
 from paraflax import sharding
 from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
+from paraflax.paths import as_path
 from paraflax.training import interrupt, lock, optim
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
@@ -105,7 +106,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   resumed workdir's config: a failing check leaves at most the lock file behind.
   """
   cfg = with_resolved_paths(cfg)
-  workdir = Path(workdir).expanduser().absolute()
+  workdir = as_path(workdir)
   obj = objective(cfg.objective)
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
@@ -113,8 +114,8 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
                   progress=progress, max_steps=max_steps)
 
 
-def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, progress: bool,
-           max_steps: int | None) -> dict:
+def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mesh, *,
+           progress: bool, max_steps: int | None) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
@@ -196,7 +197,6 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
     guard.close()
     if bar is not None:
       bar.close()
-    log.close()
     ckpt.close()  # waits until the last save is committed and hashed
   if summary["step"] > start:
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
@@ -204,7 +204,7 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
   return summary
 
 
-def _checked_data(cfg: TrainConfig, workdir: Path, main: bool, progress: bool) -> TrainData:
+def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: bool) -> TrainData:
   """The opened data, once its tokenizer fits the model, a resumed workdir's config and
   tokenizer match and `init_from` shares it; then process 0 saves config and tokenizer."""
   data = open_data(cfg, progress)
@@ -243,9 +243,6 @@ class _NoLog:
   """The metrics log of processes other than 0 (multi-host): writes nothing."""
 
   def write(self, entry: dict) -> None:
-    pass
-
-  def close(self) -> None:
     pass
 
 

@@ -27,7 +27,7 @@ import socket
 import time
 import warnings
 
-from paraflax.paths import as_path, is_remote
+from etils import epath
 
 LOCK = "paraflax.lock"
 
@@ -44,7 +44,7 @@ class DirLock:
   """Exclusive lock on `directory` (created if missing); a context manager."""
 
   def __init__(self, directory: str | os.PathLike, *, what: str = "directory"):
-    self.directory = as_path(directory)
+    self.directory = epath.Path(directory)
     self.path = self.directory / LOCK
     self.what = what
     self._fd: int | None = None
@@ -52,7 +52,7 @@ class DirLock:
   def acquire(self) -> DirLock:
     if self._fd is not None:
       raise RuntimeError(f"{self.path} is already held by this DirLock")
-    if is_remote(self.directory):
+    if "://" in os.fspath(self.directory):  # `paths.is_remote`, inline: lock.py stands alone
       warnings.warn(f"{self.what} {str(self.directory)!r} is on an object store, which has no "
                     "locks: a second run writing there would not be detected", RemoteLockWarning,
                     stacklevel=2)

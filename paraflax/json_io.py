@@ -1,17 +1,23 @@
-"""JSON files: atomic writes, and reads whose errors name the file in one line."""
+"""JSON files: atomic writes, and reads whose errors name the file in one line.
+
+Paths go through `etils.epath`, so a `gs://` location works like a local one.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
+
+from etils import epath
+
+from paraflax.paths import is_remote
 
 
 def read_json(path: str | os.PathLike) -> Any:
   """The JSON value in `path`; a missing, unreadable or invalid (e.g. truncated) file is one
   `ValueError` / `FileNotFoundError` line that names it."""
-  path = Path(path)
+  path = epath.Path(path)
   try:
     text = path.read_text(encoding="utf-8")
   except FileNotFoundError:
@@ -25,9 +31,26 @@ def read_json(path: str | os.PathLike) -> Any:
     raise ValueError(f"{path}: not valid JSON, {what} ({e})") from None
 
 
-def write_json(path: Path, obj: Any) -> None:
-  """Write JSON atomically (a killed run never leaves half a file)."""
-  path = Path(path)
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+  """Write a file through a temporary one and a rename (a killed run never leaves half a
+  file; on object stores each object appears whole anyway)."""
+  path = epath.Path(path)
   tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  tmp.write_text(json.dumps(obj, indent=2) + "\n")
-  os.replace(tmp, path)
+  tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+  tmp.replace(path)
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+  """Append `text` to a file: in place on local disks, by rewriting the object on object
+  stores (they cannot append)."""
+  path = epath.Path(path)
+  if is_remote(path):
+    write_atomic(path, (path.read_text() if path.exists() else "") + text)
+    return
+  with path.open("a") as f:
+    f.write(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+  """Write JSON atomically (a killed run never leaves half a file)."""
+  write_atomic(path, json.dumps(obj, indent=2) + "\n")

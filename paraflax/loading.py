@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from etils import epath
 
 
 def load_model(workdir=None, hf=None):
@@ -14,7 +14,7 @@ def load_model(workdir=None, hf=None):
     return hf_io.load_hf(hf), tok, lambda text: hf_io.encode_prompt(tok, text)
   from paraflax.training import load_trained
   model, tok, _ = load_trained(workdir)
-  if (Path(workdir) / "hf_config.json").is_file():  # converted: keep the HF EOS/BOS
+  if (epath.Path(workdir) / "hf_config.json").is_file():  # converted: keep the HF EOS/BOS
     tok = hf_io.load_hf_tokenizer(workdir)
     return model, tok, lambda text: hf_io.encode_prompt(tok, text)
   return model, tok, tok.encode

@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import tokenizers
+from etils import epath
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from paraflax.json_io import write_atomic
 
 PAD, EOS, MASK, SEP = "<pad>", "<eos>", "<mask>", "<sep>"
 SPECIAL_TOKENS = (PAD, EOS, MASK, SEP)  # ids 0, 1, 2, 3 in trained tokenizers
@@ -89,15 +92,13 @@ class Tokenizer:
     fingerprints encode identically. Ours and Hugging Face ones (`load_hf_tokenizer`) alike."""
     return hashlib.sha1(self._hf.to_str().encode("utf-8")).hexdigest()
 
-  def save(self, path: str | os.PathLike) -> Path:
-    """Write `tokenizer.json` (to `path`, or into it if it is a directory)."""
-    path = Path(path)
+  def save(self, path: str | os.PathLike) -> epath.Path:
+    """Write `tokenizer.json` (to `path`, or into it if it is a directory; local or `gs://`)."""
+    path = epath.Path(path)
     if path.is_dir():
       path = path / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    self._hf.save(str(tmp))
-    os.replace(tmp, path)  # atomic: readers never see a half-written file
+    write_atomic(path, self._hf.to_str(pretty=True))  # readers never see a half-written file
     return path
 
   @classmethod
@@ -114,13 +115,13 @@ class Tokenizer:
     Pass `encode_special_tokens=False` where text must parse special tokens
     (chat templates); the exact round trip then excludes those strings.
     """
-    path = Path(path)
+    path = epath.Path(path)
     if path.is_dir():
       path = path / "tokenizer.json"
     if not path.is_file():
       raise FileNotFoundError(f"tokenizer file {str(path)!r} not found")
     try:
-      hf = tokenizers.Tokenizer.from_file(str(path))
+      hf = tokenizers.Tokenizer.from_str(path.read_text(encoding="utf-8"))
     except Exception as e:  # the Rust side raises a bare Exception
       raise ValueError(f"{path}: not a valid tokenizers JSON file ({e})") from None
     return cls(hf, special_tokens=special_tokens, encode_special_tokens=encode_special_tokens)

@@ -3,18 +3,26 @@
 Layout of `<workdir>/checkpoints/<step>/`: `params` and `opt_state` (orbax pytrees), `data`
 (the grain iterator's `get_state()` as JSON, captured at save time). After `step` training
 steps the iterator has yielded exactly `step` batches, so restoring all three resumes with
-the next unseen batch. Orbax writes each step to a temporary directory and renames it when
-complete, so a run killed mid-save leaves the previous checkpoint as the latest one.
+the next unseen batch.
 
-Checksums: after orbax has written a step, each process lists the size and crc32 of the files
-it wrote (its `*process_<i>` shards; process 0 also everything shared) in
-`<step>/checksums.process_<i>.json`. The hashing runs in a background thread while training
-goes on (one streaming pass, files in parallel; joined before the next save and on close), so
-a large save does not stall: a step whose manifest was never finished loads like an older
-checkpoint without one (a `ChecksumWarning`). Every reader verifies the files it is about to
-read (all of them, on every process, so that all processes reach the same decision) and names
-the first file that differs. `restore_latest` (the trainer's resume) falls back to the newest
-intact step and moves the broken newer ones to `<workdir>/corrupt_checkpoints/`.
+Saving is asynchronous: `save` returns once orbax holds host copies of the arrays (the device
+to host transfer; on CPU a view that keeps the next step from reusing the donated buffers)
+and the iterator state; orbax writes them to `<step>.orbax-checkpoint-tmp` in a background
+thread and commits by renaming it to `<step>` (on object stores, by a `commit_success.txt`).
+Orbax never lists an uncommitted step, so a run killed mid-save resumes from the previous one.
+`wait` (called by the next `save`, by every read and by `close`) blocks until the last save is
+committed and hashed. Locations are `etils.epath` paths (`paraflax.paths.as_path`), so a
+workdir may be `gs://bucket/run`: orbax, the manifests and the readers use the same code.
+
+Checksums: once orbax has committed a step, each process lists the size and crc32 of the
+files it wrote (its `*process_<i>` shards; process 0 also everything shared) in
+`<step>/checksums.process_<i>.json`, in the same background thread (one streaming pass, files
+in parallel), so a manifest only ever describes a complete step. A step whose manifest was
+never finished loads like an older checkpoint without one (a `ChecksumWarning`). Every reader
+verifies the files it is about to read (all of them, on every process, so that all processes
+reach the same decision) and names the first file that differs. `restore_latest` (the
+trainer's resume) falls back to the newest intact step and moves the broken newer ones to
+`<workdir>/corrupt_checkpoints/`.
 """
 
 from __future__ import annotations
@@ -22,17 +30,17 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import threading
 import warnings
-from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from paraflax.checksums import (ALGORITHM, ChecksumError, ChecksumWarning, digest, files_under,
                                 verify)
 from paraflax.json_io import read_json, write_json
+from paraflax.paths import as_path
 
 CHECKPOINTS = "checkpoints"
 CORRUPT = "corrupt_checkpoints"  # where resume moves the steps it had to skip
@@ -60,9 +68,10 @@ def _owner(rel: str, process_count: int) -> int:
   return 0
 
 
-def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> Path:
+def write_manifest(step_dir: str | os.PathLike, process: int = 0,
+                   process_count: int = 1) -> epath.Path:
   """Write `checksums.process_<process>.json` for the files of `step_dir` this process wrote."""
-  step_dir = Path(step_dir)
+  step_dir = epath.Path(step_dir)
   rels = [r for r in files_under(step_dir) if not _MANIFEST_RE.fullmatch(r)
           and _owner(r, process_count) == process]
   path = step_dir / MANIFEST.format(process)
@@ -71,7 +80,7 @@ def write_manifest(step_dir: Path, process: int = 0, process_count: int = 1) -> 
   return path
 
 
-def _read_manifest(path: Path) -> dict:
+def _read_manifest(path: epath.Path) -> dict:
   """A step's manifest; one that cannot be read is a `ChecksumError` (the step is suspect)."""
   try:
     manifest = read_json(path)
@@ -82,12 +91,12 @@ def _read_manifest(path: Path) -> dict:
   raise ChecksumError(path, "not a valid checksum manifest (truncated or corrupt)")
 
 
-def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> bool:
+def verify_step(step_dir: str | os.PathLike, items: tuple[str, ...] | None = None) -> bool:
   """Check the files of `step_dir` against its manifests: top-level files and those of `items`
   (default: every item). Entries of an item whose directory is absent (the optimizer state of
   a params-only copy) are skipped: the caller decides which items it needs. Returns False when
   the step has no manifest; raises `ChecksumError` naming the first file that differs."""
-  step_dir = Path(step_dir)
+  step_dir = epath.Path(step_dir)
   found = sorted(step_dir.glob("checksums.process_*.json"))
   if not found:
     return False
@@ -112,16 +121,18 @@ def _root_cause(e: BaseException) -> str:
   return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
 
 
-class _Hashing(threading.Thread):
-  """`write_manifest` in the background; `join_or_raise` re-raises what it raised."""
+class _Commit(threading.Thread):
+  """Waits for orbax to commit the save in flight, then `write_manifest`s the step, in the
+  background; `join_or_raise` re-raises what either raised."""
 
-  def __init__(self, *args):
-    super().__init__(daemon=True, name="checkpoint-checksums")
-    self._args, self.error = args, None
+  def __init__(self, mngr: ocp.CheckpointManager, *args):
+    super().__init__(daemon=True, name="checkpoint-commit")
+    self._mngr, self._args, self.error = mngr, args, None
     self.start()
 
   def run(self):
     try:
+      self._mngr.wait_until_finished()
       write_manifest(*self._args)
     except BaseException as e:  # surfaced by join_or_raise in the training thread
       self.error = e
@@ -132,44 +143,56 @@ class _Hashing(threading.Thread):
       raise self.error
 
 
+def checkpoint_dir(workdir: str | os.PathLike) -> epath.Path:
+  """Where orbax keeps a workdir's steps: `<workdir>/checkpoints`, local or `gs://`."""
+  return as_path(workdir) / CHECKPOINTS
+
+
 class Checkpoints:
   """A thin orbax `CheckpointManager` over `<workdir>/checkpoints`, with checksums."""
 
   def __init__(self, workdir: str | os.PathLike, keep: int = 2, *, create: bool = True):
-    directory = Path(workdir).absolute() / CHECKPOINTS
-    # Synchronous saves: the step donates its input buffers, so an async writer could read
-    # a buffer the next step has already reused.
+    directory = checkpoint_dir(workdir)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                           enable_async_checkpointing=False,
+                                           enable_async_checkpointing=True,
                                            cleanup_tmp_directories=create)
     self.directory = directory
     self._mngr = ocp.CheckpointManager(directory, options=options)
-    self._hashing: _Hashing | None = None
+    self._commit: _Commit | None = None
 
-  def step_dir(self, step: int) -> Path:
+  def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
 
   def latest_step(self) -> int | None:
+    """The newest committed step (after `wait`)."""
+    self.wait()
     return self._mngr.latest_step()
 
   def all_steps(self) -> list[int]:
+    """The committed steps (after `wait`), oldest first."""
+    self.wait()
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, params, opt_state, data_state: dict) -> None:
-    """Save step `step` (all three parts, or none of them); its checksums follow in the
-    background."""
-    self.wait()  # the previous manifest is done before orbax may delete its step
+    """Start saving step `step` (all three parts, or none of them); returns once the arrays
+    are copied to the host: writing, committing and hashing follow in the background."""
+    self.wait()  # the previous step is committed and hashed before orbax may delete it
     self._mngr.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
         data=ocp.args.JsonSave(copy.deepcopy(data_state))), force=True)
-    self._hashing = _Hashing(self.step_dir(step), jax.process_index(), jax.process_count())
+    self._commit = _Commit(self._mngr, self.step_dir(step), jax.process_index(),
+                           jax.process_count())
+
+  def saving(self) -> bool:
+    """Whether a save is still being written, committed or hashed."""
+    return self._commit is not None and self._commit.is_alive()
 
   def wait(self) -> None:
-    """Until the last save's checksums are written."""
-    if self._hashing is not None:
-      hashing, self._hashing = self._hashing, None
-      hashing.join_or_raise()
+    """Until the last save is committed and its checksums are written."""
+    if self._commit is not None:
+      commit, self._commit = self._commit, None
+      commit.join_or_raise()
 
   def _read(self, step: int, items: tuple[str, ...], args) -> dict:
     """Verify the files of `items` (a `ChecksumWarning` when the step has none), then read."""
@@ -193,6 +216,7 @@ class Checkpoints:
     A params-only step (a shipped model, a `paraflax convert` output) is refused with a clear
     message: it cannot resume the run exactly, and `init_from` trains on from its weights.
     """
+    self.wait()
     if not (self.step_dir(step) / "opt_state").is_dir():
       workdir = self.directory.parent
       raise ValueError(f"checkpoint {self.step_dir(step)} holds params only (no optimizer "
@@ -247,7 +271,7 @@ class Checkpoints:
         target, n = dest / str(step), 1
         while target.exists():
           target, n = dest / f"{step}.{n}", n + 1
-        shutil.move(str(self.step_dir(step)), str(target))
+        self.step_dir(step).rename(target)
     if many:
       multihost_utils.sync_global_devices("paraflax-set-aside-end")
     self._mngr.reload()
@@ -266,7 +290,7 @@ class Checkpoints:
     return "wrote"
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    """`wait` for the last save, then release orbax's threads."""
     try:
       self.wait()
     finally:
@@ -277,7 +301,7 @@ def checksum_workdir(workdir: str | os.PathLike, step: int | None = None) -> dic
   """Verify each saved step (or `step`) of a workdir against its checksums, writing them for a
   step that has none (an older run, a shipped model). Returns {"workdir", "steps": {step:
   "verified" | "wrote"}}; a file that differs is a `ChecksumError` naming it."""
-  workdir = Path(workdir).expanduser()
+  workdir = as_path(workdir)
   if not (workdir / CHECKPOINTS).is_dir():
     raise FileNotFoundError(f"no {CHECKPOINTS}/ in {str(workdir)!r}: not a training workdir")
   ckpt = Checkpoints(workdir, create=False)

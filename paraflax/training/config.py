@@ -22,7 +22,7 @@ from paraflax.sharding import MeshConfig
 from paraflax.training import fields
 from paraflax.training.objectives import STEP, objective
 from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
-from paraflax.training.paths import resolve_path
+from paraflax.paths import resolve_path
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 SCHEMA = 2  # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`)

@@ -9,6 +9,11 @@ it exits (kill -9 included): a stale lock file never blocks a later run. The fil
 `{"pid", "host", "since"}` of the holder, only serves the refusal message. Readers
 (`load_trained`, reading a finished store) take no lock. On a filesystem without locks (some
 FUSE mounts) the run goes on with a warning instead.
+
+Object stores (`gs://...`) have no locks that a killed holder releases: a marker object would
+block every later run after a kill -9 until someone deletes it. So a remote directory is not
+locked: the run goes on with a `RemoteLockWarning` (one writer per workdir is then the user's
+job, as with orbax itself) and nothing is written there.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import os
 import socket
 import time
 import warnings
-from pathlib import Path
+
+from etils import epath
 
 LOCK = "paraflax.lock"
 
@@ -30,11 +36,15 @@ class LockedError(ValueError):
   """The directory is being written by another run (a ValueError: a user error, one line)."""
 
 
+class RemoteLockWarning(UserWarning):
+  """A directory on an object store, which cannot be locked: a second writer is not detected."""
+
+
 class DirLock:
   """Exclusive lock on `directory` (created if missing); a context manager."""
 
   def __init__(self, directory: str | os.PathLike, *, what: str = "directory"):
-    self.directory = Path(directory)
+    self.directory = epath.Path(directory)
     self.path = self.directory / LOCK
     self.what = what
     self._fd: int | None = None
@@ -42,6 +52,11 @@ class DirLock:
   def acquire(self) -> DirLock:
     if self._fd is not None:
       raise RuntimeError(f"{self.path} is already held by this DirLock")
+    if "://" in os.fspath(self.directory):  # `paths.is_remote`, inline: lock.py stands alone
+      warnings.warn(f"{self.what} {str(self.directory)!r} is on an object store, which has no "
+                    "locks: a second run writing there would not be detected", RemoteLockWarning,
+                    stacklevel=2)
+      return self
     self.directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncate the holder's note
     try:

@@ -2,16 +2,21 @@
 
 One JSON object per line: training entries carry `loss` (with `step`, `lr`, `tokens_per_s`,
 `batch_fingerprint`, ...), validation entries carry `val_loss`. On resume the log is cut
-back to the restored step, so it always reads like one uninterrupted run.
+back to the restored step, so it always reads like one uninterrupted run. Both files go
+through `etils.epath` (a `gs://` workdir works); on object stores, which cannot append, each
+entry rewrites the log.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from pathlib import Path
 
 import numpy as np
+from etils import epath
+
+from paraflax.json_io import append_text, write_atomic
 
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
@@ -19,7 +24,7 @@ LOSS_PLOT = "loss.png"
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
   """All complete entries (a line cut short by a kill is skipped)."""
-  path = Path(path)
+  path = epath.Path(path)
   if path.is_dir():
     path = path / METRICS
   if not path.is_file():
@@ -40,19 +45,12 @@ class MetricsLog:
   """
 
   def __init__(self, path: str | os.PathLike, resume_step: int = 0):
-    self.path = Path(path)
+    self.path = epath.Path(path)
     kept = [e for e in read_metrics(self.path) if 0 < resume_step and e["step"] <= resume_step]
-    tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in kept))
-    os.replace(tmp, self.path)
-    self._file = open(self.path, "a")
+    write_atomic(self.path, "".join(json.dumps(e) + "\n" for e in kept))
 
   def write(self, entry: dict) -> None:
-    self._file.write(json.dumps(entry) + "\n")
-    self._file.flush()  # a killed process keeps every finished line
-
-  def close(self) -> None:
-    self._file.close()
+    append_text(self.path, json.dumps(entry) + "\n")  # a killed process keeps every line
 
 
 def batch_fingerprint(tokens_BxL) -> int:
@@ -66,12 +64,12 @@ def batch_fingerprint(tokens_BxL) -> int:
   return int((tokens * weights).sum())
 
 
-def plot_losses(workdir: str | os.PathLike) -> Path:
+def plot_losses(workdir: str | os.PathLike) -> epath.Path:
   """Write `<workdir>/loss.png`: training loss and validation loss against step."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no global backend
   from matplotlib.figure import Figure
 
-  workdir = Path(workdir)
+  workdir = epath.Path(workdir)
   entries = read_metrics(workdir / METRICS)
   train = [(e["step"], e["loss"]) for e in entries if "loss" in e]
   val = [(e["step"], e["val_loss"]) for e in entries if "val_loss" in e]
@@ -87,8 +85,7 @@ def plot_losses(workdir: str | os.PathLike) -> Path:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  out = workdir / LOSS_PLOT
-  tmp = out.with_name(f"loss.tmp{os.getpid()}.png")
-  fig.savefig(tmp)
-  os.replace(tmp, out)
-  return out
+  png = io.BytesIO()
+  fig.savefig(png, format="png")
+  write_atomic(workdir / LOSS_PLOT, png.getvalue())
+  return workdir / LOSS_PLOT

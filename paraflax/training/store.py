@@ -15,7 +15,8 @@ A store is a directory:
     paraflax.lock   held while a command fills the store (`writing`, `lock.py`)
 
 On a mesh, and across hosts, each process writes its own rows of each batch; process 0 alone
-writes the other files (`shares.py`).
+writes the other files (`shares.py`). Paths are `etils.epath` ones and the arrays' kvstore is
+built from them (`paraflax.paths.kvstore`), so a store may live on `gs://`.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import numpy as np
 import tensorstore as ts
+from etils.epath import Path
 from tqdm.auto import tqdm
 
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import read_json, write_json
+from paraflax.json_io import append_text, read_json, write_atomic, write_json
 from paraflax.training import lock
 from paraflax.training.interrupt import Interrupted
-from paraflax.training.paths import resolve_path
+from paraflax.paths import kvstore, resolve_path
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
@@ -61,7 +62,7 @@ def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
 
 def open_array(path: Path, name: str, shape=None, chunk=None, *, create: bool = False):
   """The zarr int32 array `path/name`: opened, or created empty (replacing any old one)."""
-  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / name)},
+  spec = {"driver": "zarr", "kvstore": kvstore(path / name),
           "store_data_equal_to_fill_value": True}  # every chunk a file, so each has a checksum
   if create:
     spec["metadata"] = {"shape": list(shape), "chunks": list(chunk), "dtype": "<i4"}
@@ -79,7 +80,7 @@ def writing(out: Path, *, what: str):
 
 
 def _resolved(meta: Mapping) -> dict:
-  """`meta` with its `source` directory resolved (see `paths.resolve_path`)."""
+  """`meta` with its `source` directory resolved (see `paraflax.paths.resolve_path`)."""
   source = meta.get("source")
   return {**meta, "source": resolve_path(source)} if source else dict(meta)
 
@@ -122,9 +123,7 @@ def _chunk_files(array, name: str, lo: int, hi: int) -> list[str]:
 
 
 def _write_lines(path: Path, lines: list[dict]) -> None:
-  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-  os.replace(tmp, path)
+  write_atomic(path, "".join(json.dumps(x) + "\n" for x in lines))
 
 
 def _read_lines(path: Path, *, strict: bool) -> list[dict]:
@@ -196,8 +195,7 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
         continue
       if (out / CHECKSUMS).is_file():
         written = [f for k in rows for f in _chunk_files(arrays[k], k, lo, hi)]
-        with open(out / CHECKSUMS, "a") as log:
-          log.write(json.dumps({"batch": i, "files": digest(out, written)}) + "\n")
+        append_text(out / CHECKSUMS, json.dumps({"batch": i, "files": digest(out, written)}) + "\n")
       write_json(out / PROGRESS, {"batches": i + 1})  # only after the data is on disk
       bar.update(1)
       if postfix is not None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import numpy as np
+from etils.epath import Path  # stores may live on gs://
 
 from paraflax import sharding
 from paraflax.training import store

@@ -5,7 +5,8 @@
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
     loss.png        training and validation loss against step
-    checkpoints/    params + optimizer state + data-iterator state per saved step
+    checkpoints/    params + optimizer state + data-iterator state per saved step, saved
+                    asynchronously (see `checkpoint.py`): `train` returns once the last is committed
     paraflax.lock   held by the run writing here: a second one is refused (`lock.py`)
 and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
@@ -32,15 +33,16 @@ import functools
 import math
 import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 from tqdm.auto import tqdm
 
 from paraflax import sharding
 from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
+from paraflax.paths import as_path
 from paraflax.training import interrupt, lock, optim
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
@@ -104,7 +106,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   resumed workdir's config: a failing check leaves at most the lock file behind.
   """
   cfg = with_resolved_paths(cfg)
-  workdir = Path(workdir).expanduser().absolute()
+  workdir = as_path(workdir)
   obj = objective(cfg.objective)
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
@@ -112,8 +114,8 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
                   progress=progress, max_steps=max_steps)
 
 
-def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, progress: bool,
-           max_steps: int | None) -> dict:
+def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mesh, *,
+           progress: bool, max_steps: int | None) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
@@ -186,7 +188,7 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
         with meter.paused():  # validation and saving are not training time
           summary["val_loss"] = validate(done)
       if done % cfg.checkpoint_every == 0 or done == target:
-        with meter.paused():
+        with meter.paused():  # only the copy to host: writing goes on beside the next steps
           ckpt.save(done, params, opt_state, it.get_state())
         saved = done
       bar.update(1)
@@ -195,15 +197,14 @@ def _train(cfg: TrainConfig, workdir: Path, loss_fn, needs_step: bool, mesh, *, 
     guard.close()
     if bar is not None:
       bar.close()
-    log.close()
-    ckpt.close()
+    ckpt.close()  # waits until the last save is committed and hashed
   if summary["step"] > start:
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
                    train_seconds=meter.total_s)
   return summary
 
 
-def _checked_data(cfg: TrainConfig, workdir: Path, main: bool, progress: bool) -> TrainData:
+def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: bool) -> TrainData:
   """The opened data, once its tokenizer fits the model, a resumed workdir's config and
   tokenizer match and `init_from` shares it; then process 0 saves config and tokenizer."""
   data = open_data(cfg, progress)
@@ -228,9 +229,10 @@ def _initial_state(cfg: TrainConfig, mesh):
 
 def _save_and_stop(ckpt: Checkpoints, step: int, saved: int, params, opt_state, it):
   """After Ctrl-C: save step `step` (params, optimizer state, data position) unless it is
-  saved already, then raise `interrupt.Interrupted` saying where."""
+  saved already, wait until it is committed, then raise `interrupt.Interrupted` saying where."""
   if step > saved:
     ckpt.save(step, params, opt_state, it.get_state())
+  ckpt.wait()
   where = ckpt.directory / str(step) if step else None
   raise interrupt.Interrupted(
       f"interrupted at step {step}: saved {where}; run the same command again to resume"
@@ -241,9 +243,6 @@ class _NoLog:
   """The metrics log of processes other than 0 (multi-host): writes nothing."""
 
   def write(self, entry: dict) -> None:
-    pass
-
-  def close(self) -> None:
     pass
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils.epath import Path  # stores may live on gs://
 
 from paraflax import masks, sharding
 from paraflax.cache import commit

@@ -9,13 +9,13 @@ config and tokenizer, `init_from`'s tokenizer) and `load_trained`, which reads i
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
+from etils import epath
 from flax import nnx
 
 from paraflax import sharding
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import read_json
+from paraflax.paths import as_path
 from paraflax.model import Transformer
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import TrainConfig, config_differences
@@ -25,7 +25,7 @@ CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 
 
-def check_workdir(cfg: TrainConfig, workdir: Path, tokenizer: Tokenizer) -> None:
+def check_workdir(cfg: TrainConfig, workdir: epath.Path, tokenizer: Tokenizer) -> None:
   """Refuse to resume a run trained with a different config or tokenizer."""
   if (workdir / CONFIG).is_file():
     saved = TrainConfig.from_dict(read_json(workdir / CONFIG))
@@ -45,7 +45,7 @@ def check_init_from(cfg: TrainConfig, tokenizer: Tokenizer, tokenizer_source: st
   """Refuse `init_from` weights learnt on other token ids than this run's data."""
   if cfg.init_from is None:
     return
-  file = Path(cfg.init_from) / TOKENIZER
+  file = as_path(cfg.init_from) / TOKENIZER
   if not file.is_file():
     raise FileNotFoundError(f"init_from={cfg.init_from!r}: {str(file)!r} not found (not a "
                             "training workdir or `paraflax convert` output)")
@@ -90,7 +90,7 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
   `ChecksumError` naming it (no fallback here: resuming a run falls back, loading does not);
   a checkpoint saved without checksums loads with a `ChecksumWarning`."""
   mesh = sharding.resolve_mesh(mesh, axis_rules)
-  workdir = Path(workdir).expanduser()
+  workdir = as_path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"training workdir {str(workdir)!r} not found")
   for name in (CONFIG, TOKENIZER):

@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils.epath import Path
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from paraflax import sharding
 from paraflax.attention import DENSE_MAX_LEN, attend
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
@@ -189,6 +190,7 @@ def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
   mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
   graph updates refuse to touch from the checkpoint's trace."""
   def run(layer, x, positions, mask, cache_k, cache_v):
+    x = sharding.constrain_batch(x)  # rows stay split over the batch axes (FSDP)
     return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv)
   if remat == "none":
     return run

@@ -235,6 +235,29 @@ def constrain(state):
   return jax.lax.with_sharding_constraint(state, state_specs(state, mesh))
 
 
+def constrain_batch(x_BxN):
+  """Inside jit under a mesh context: split an activation's leading batch dim over the batch
+  axes (data x fsdp), the rest replicated; elsewhere the identity. Pinning the residual stream
+  this way makes FSDP gather each layer's weights rather than every row's activations."""
+  mesh = _context_mesh()
+  if mesh is None:
+    return x_BxN
+  names = ("batch",) + (None,) * (x_BxN.ndim - 1)
+  return jax.lax.with_sharding_constraint(x_BxN, logical_spec(names, x_BxN.shape, mesh))
+
+
+def traced_on(mesh, fn):
+  """`fn` traced under `mesh`'s abstract mesh (so `constrain*` apply inside it), or `fn`
+  itself when `mesh` is None: wrap a function before `jax.jit`."""
+  if mesh is None:
+    return fn
+
+  def traced(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return traced
+
+
 def constrain_replicated(tree):
   """Inside jit under `use_mesh`: make outputs whole on every device (and every process)."""
   mesh = _context_mesh()

@@ -69,13 +69,14 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh=None):
 
 def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None):
   """`train_step` jitted with params and optimizer state donated; on a mesh their output
-  shardings are pinned to those of `params` / `opt_state` (so every step compiles alike)."""
+  shardings are pinned to those of `params` / `opt_state` (so every step compiles alike) and
+  it is traced under the mesh (activations split over the batch axes)."""
   out = None
   if mesh is not None:
     out = (sharding.state_shardings(params, mesh), sharding.state_shardings(opt_state, mesh),
            sharding.replicated(mesh))
-  return jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
-                 donate_argnums=(0, 1), out_shardings=out)
+  step = functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx)
+  return jax.jit(sharding.traced_on(mesh, step), donate_argnums=(0, 1), out_shardings=out)
 
 
 def keys(seed: int):

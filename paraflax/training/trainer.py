@@ -143,7 +143,8 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
   target = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
 
   step_fn = jit_train_step(graphdef, loss_fn, tx, mesh, params, opt_state)
-  eval_fn = jax.jit(functools.partial(eval_step, graphdef, loss_fn=loss_fn))
+  eval_fn = jax.jit(sharding.traced_on(mesh, functools.partial(eval_step, graphdef,
+                                                                loss_fn=loss_fn)))
 
   def validate(step: int) -> float:
     val_loss = mean_loss(eval_fn, params, val, eval_key)

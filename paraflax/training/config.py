@@ -195,7 +195,8 @@ def _mesh(spec) -> MeshConfig:
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
                          "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules",
-                         "model.remat", "model.scan_layers", "model.attention"})
+                         "model.remat", "model.scan_layers", "model.attention",
+                         "model.loss_chunk"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
 PATH_FIELDS = ("init_from", "data_source_args.path")

@@ -213,22 +213,21 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   w = batch["kl_weights"]
   # the fixed point's next token for each noisy slot: its clean twin's AR target (the last
   # slot of the last block has none)
-  extras = {"ar": batch["ar_targets"], "noisy": jnp.take_along_axis(batch["ar_targets"], partner, 1)}
+  noisy_targets = jnp.take_along_axis(batch["ar_targets"], partner, 1)
   has_target = w * jnp.take_along_axis(batch["ar_weights"], partner, 1)
-  if consistency == "soft":
-    # the teacher's hidden state moved to its student's slot: a chunk holds both sides of every
-    # pair it scores, whatever the rows' prompt lengths (pairs are not aligned across rows)
+  extras = {"ar": batch["ar_targets"], "noisy": noisy_targets}
+  if consistency == "soft":  # the clean twin's hidden state at its noisy slot (see above)
     extras["teacher"] = jnp.take_along_axis(jax.lax.stop_gradient(hidden_BxLxD),
                                             partner[..., None], 1)
   stats = per_position(functools.partial(_pair_stats, temperature=temperature), model,
                        hidden_BxLxD, extras)
-  ar, acc = Mean.of(stats["ar_nll"], batch["ar_weights"]), Mean.of(stats["ar_hit"],
-                                                                     batch["ar_weights"])
-  noisy_acc = Mean.of(stats["noisy_hit"], has_target)
+  ar_w = batch["ar_weights"]
+  ar, acc = Mean.of(stats["ar_nll"], ar_w), Mean.of(stats["ar_hit"], ar_w)
   loss_c = (Mean.of(stats["noisy_nll"], has_target) if consistency == "hard"
             else Mean.of(stats["soft"], w))
-  return Loss.of(loss_c, (ar_weight, ar)), {"ar_loss": ar, "consistency": loss_c, "accuracy": acc,
-                                   "noisy_accuracy": noisy_acc}
+  return Loss.of(loss_c, (ar_weight, ar)), {
+      "ar_loss": ar, "consistency": loss_c, "accuracy": acc,
+      "noisy_accuracy": Mean.of(stats["noisy_hit"], has_target)}
 
 
 def _pair_stats(logits_BxCxV, x, head, temperature: float):

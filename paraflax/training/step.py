@@ -19,14 +19,12 @@ def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx, accum: i
   """One optimizer update. Pure: returns (params, opt_state, metrics of scalars). `accum` > 1
   sums the gradients of that many micro-batches of `batch` (`accumulate.py`): the same update
   as the whole batch at once."""
-  def objective(p):
-    return loss_fn(nnx.merge(graphdef, p), batch, rng)
-
   if accum > 1:
     loss, metrics, grads = accumulated(getattr(loss_fn, "parts", loss_fn), graphdef, params,
                                        batch, rng, accum)
   else:
-    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: loss_fn(nnx.merge(graphdef, p), batch, rng), has_aux=True)(params)
   updates, opt_state = tx.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}

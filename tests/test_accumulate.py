@@ -38,9 +38,13 @@ def _jf_rows():
 CASES = {"ar": (_ar_rows, 4), "jacobi_forcing": (_jf_rows, 2)}  # rows, micro-batches
 
 
-def _steps(name, **model):
-  graphdef, params = nnx.split(pf.Transformer(pf.ModelConfig(**{**MICRO, **model}),
-                                              rngs=nnx.Rngs(0)), nnx.Param)
+@functools.cache
+def _model():
+  return nnx.split(pf.Transformer(pf.ModelConfig(**MICRO), rngs=nnx.Rngs(0)), nnx.Param)
+
+
+def _steps(name):
+  graphdef, params = _model()
   tx = optax.sgd(1.0)  # the update is minus the gradient
   step = jax.jit(functools.partial(train_step, graphdef, loss_fn=get_objective(name), tx=tx),
                  static_argnames="accum")

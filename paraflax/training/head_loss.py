@@ -10,6 +10,8 @@ teacher). The chunk is `ModelConfig.loss_chunk` (`chunk_size`); a chunk covering
 
 The head's gradient sums over chunks in the parameter dtype (the projection is cast to the
 compute dtype inside each chunk), so bf16 compute does not accumulate it in bf16.
+tokamax's fused `linear_softmax_cross_entropy_loss` (TPU) is not routed here: this loop is
+the path on every backend.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ class ModelConfig:
   It is a training setting: each forward stacks (copies) the layer weights, which a decode
   step pays every token. "auto" scans the cache-free calls (training, validation) of a
   model whose remat resolves to a policy, and never a call over a cache (decoding).
+  `loss_chunk` (run control too) is how many positions of a row the training losses project
+  through the output head at once (`training/head_loss.py`): None ("auto") takes the whole row
+  while its float32 logits stay small and chunks that keep them so otherwise; an int forces
+  chunks of that many positions (>= the row: the whole row).
   """
 
   vocab_size: int
@@ -86,6 +90,7 @@ class ModelConfig:
   # run control, not identity: how attention is computed (`attention.resolve`); a run may
   # resume with another value, and Hugging Face configs neither read nor write it
   attention: str = "auto"  # "auto" | "xla" | "xla_chunked" | "mosaic" | "triton" | "cudnn"
+  loss_chunk: int | None = None  # positions per head chunk in losses; None: auto (run control)
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -117,6 +122,11 @@ class ModelConfig:
     if self.attention not in ATTENTION:
       raise ValueError(f"ModelConfig.attention must be one of {', '.join(ATTENTION)}; "
                        f"got {self.attention!r}")
+    if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool)
+                                        or not isinstance(self.loss_chunk, int)
+                                        or self.loss_chunk < 1):
+      raise ValueError(f"ModelConfig.loss_chunk must be an int >= 1 or None (auto), "
+                       f"got {self.loss_chunk!r}")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

@@ -12,6 +12,11 @@ stream, and reads the keys/values of the content stream only (cache slots + chun
 `queries.mask [B, Q, S+T]` allows), so a query never sees its own token. The call then returns
 the query stream's logits `[B, Q, V]` (the content stream only supplies keys/values).
 
+`model(..., hidden=True)` returns the final-normed hidden states `[B, T, D]` (or the query
+stream's `[B, Q, D]`) in the compute dtype instead of the logits, and `model.head(x)` maps them
+to the same float32 logits: losses compute the head over chunks of positions
+(`training/head_loss.py`) instead of holding `[B, T, V]` float32.
+
 Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`) as
 `out_sharding` metadata, so sharding is a rules table (see `sharding.py`).
 """
@@ -58,6 +63,13 @@ def scans(cfg: ModelConfig, cached: bool) -> bool:
   if cfg.scan_layers != "auto":
     return cfg.scan_layers
   return not cached and remat_policy(cfg) != "none"
+
+
+def logits(x_BxTxD, w_DxV):
+  """float32 logits `[B, T, V]` of hidden states through the output projection `w` (cast to
+  x's dtype, accumulated in float32)."""
+  return jnp.einsum("btd,dv->btv", x_BxTxD, w_DxV.astype(x_BxTxD.dtype),
+                    preferred_element_type=jnp.float32)
 
 
 def _param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
@@ -240,9 +252,10 @@ class Transformer(nnx.Module):
       self.query_embed = _param(rngs, jax.nn.initializers.normal(embed_std), (d,), ("embed",), pd)
 
   def __call__(self, tokens_BxT, positions_BxT, mask, cache: KVCache | None = None,
-               queries: Queries | None = None):
+               queries: Queries | None = None, hidden: bool = False):
     """Returns (logits float32, ChunkKV with k, v `[layers, B, T, Hkv, Dh]`): the content
-    stream's logits `[B, T, V]`, or with `queries` the query stream's `[B, Q, V]`."""
+    stream's logits `[B, T, V]`, or with `queries` the query stream's `[B, Q, V]`. With
+    `hidden=True` the final-normed hidden states `[B, T or Q, D]` (compute dtype) instead."""
     cfg = self.cfg
     b, t = tokens_BxT.shape
     s = 0 if cache is None else cache.k.shape[2]
@@ -271,9 +284,15 @@ class Transformer(nnx.Module):
         vs.append(v)
       ks, vs = jnp.stack(ks), jnp.stack(vs)
     x = self.final_norm(x if queries is None else x[:, t:])
-    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
-    return logits, ChunkKV(k=ks, v=vs)
+    return x if hidden else self.head(x), ChunkKV(k=ks, v=vs)
+
+  def unembedding(self):
+    """The output projection `[D, V]` in the parameter dtype (tied: the embedding's transpose)."""
+    return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+  def head(self, x_BxTxD):
+    """float32 logits `[B, T, V]` of final-normed hidden states (`hidden=True` outputs)."""
+    return logits(x_BxTxD, self.unembedding())
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""

@@ -20,6 +20,7 @@ from paraflax import deer_layout, masks
 from paraflax.decoding.state import Forward, prefill
 from paraflax.training import deer, get_objective, load_config
 from paraflax.training import teacher as tch
+from paraflax.training.means import finalize
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MASK, SEP = 2, 3
@@ -126,8 +127,9 @@ def test_stage1_row_by_hand(drafter):
       "100 0000 0", "110 0000 0", "111 0000 0",  # prefix: causal
       "111 1111 0", "111 1111 0", "111 1111 0", "111 1111 0",  # block: prefix + itself
       "111 1111 1"]))  # padding (output ignored) also sees itself
-  logits = jax.jit(lambda r: deer.forward(drafter, r))(rows)
-  loss, m = deer.block_loss(logits, rows, rows["weights"], masked)
+  hidden = jax.jit(lambda r: deer.forward(drafter, r, hidden=True))(rows)
+  loss, m = finalize(*deer.block_loss(drafter, hidden, rows, rows["weights"], masked))
+  logits = drafter.head(hidden)
   nll = -jax.nn.log_softmax(logits[0], -1)
   np.testing.assert_allclose(loss, (nll[4, 21] + nll[6, 23]) / 1.5, rtol=1e-5)
   hits = [int(jnp.argmax(logits[0, 4]) == 21), int(jnp.argmax(logits[0, 6]) == 23)]

@@ -9,6 +9,7 @@ from paraflax.training import jacobi_forcing as _jf  # noqa: F401  "jacobi_forci
 from paraflax.training import tidar as _tidar  # noqa: F401  registers the "tidar" objective
 from paraflax.training.config import OptimConfig, TrainConfig, load_config
 from paraflax.training.dry_run import dry_run
+from paraflax.training.means import Loss, Mean
 from paraflax.training.metrics import batch_fingerprint, plot_losses, read_metrics
 from paraflax.training.objectives import (
     OBJECTIVES,
@@ -24,7 +25,7 @@ from paraflax.training.trainer import train, train_from_config_path
 from paraflax.training.workdir import load_trained
 
 __all__ = [
-    "OBJECTIVES", "Objective", "OptimConfig", "TrainConfig", "apply_overrides",
+    "Loss", "Mean", "OBJECTIVES", "Objective", "OptimConfig", "TrainConfig", "apply_overrides",
     "batch_fingerprint", "cross_entropy", "dry_run", "evaluate", "get_objective", "load_config",
     "load_trained", "objective", "plot_losses", "read_metrics", "register_objective", "train",
     "train_from_config_path",

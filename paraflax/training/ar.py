@@ -5,7 +5,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from paraflax import masks
-from paraflax.training.objectives import cross_entropy, register_objective
+from paraflax.training.head_loss import token_nll
+from paraflax.training.means import Loss, Mean
+from paraflax.training.objectives import register_objective
 
 
 @register_objective("ar")
@@ -23,12 +25,12 @@ def ar(model, batch, rng):
   lengths_B = batch.get("lengths", jnp.full((b,), l, jnp.int32))
   positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
   mask_BxLxL = masks.causal(lengths_B, l)
-  logits_BxLxV, _ = model(tokens_BxL, positions_BxL, mask_BxLxL)
+  hidden_BxLxD, _ = model(tokens_BxL, positions_BxL, mask_BxLxL, hidden=True)
   weights = None
   if "lengths" in batch or "prompt_lens" in batch:
     target = jnp.arange(1, l)[None, :]  # the index of the token each position predicts
     weights = target < lengths_B[:, None]
     if "prompt_lens" in batch:
       weights &= target >= batch["prompt_lens"][:, None]
-  loss, acc = cross_entropy(logits_BxLxV[:, :-1], tokens_BxL[:, 1:], weights)
-  return loss, {"accuracy": acc}
+  nll, hit = token_nll(model, hidden_BxLxD[:, :-1], tokens_BxL[:, 1:])
+  return Loss.of(Mean.of(nll, weights)), {"accuracy": Mean.of(hit, weights)}

@@ -24,7 +24,9 @@ import jax.numpy as jnp
 
 from paraflax import masks
 from paraflax.model import Queries
-from paraflax.training.objectives import cross_entropy, register_objective
+from paraflax.training.head_loss import token_nll
+from paraflax.training.means import Loss, Mean
+from paraflax.training.objectives import register_objective
 
 
 def masking_range(step, rate_start: Sequence[float], rate_end: Sequence[float],
@@ -67,6 +69,7 @@ def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
   visible = lattice_visible(k_pick, rates, n)
   content, query = masks.lattice(visible)
   pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-  logits, _ = model(tokens, pos, content, queries=Queries(pos, query))
-  loss, acc = cross_entropy(logits, tokens, ~visible)
-  return loss, {"accuracy": acc, "masking_rate": rates.mean()}
+  hidden_BxNxD, _ = model(tokens, pos, content, queries=Queries(pos, query), hidden=True)
+  nll, hit = token_nll(model, hidden_BxNxD, tokens)
+  return Loss.of(Mean.of(nll, ~visible)), {"accuracy": Mean.of(hit, ~visible),
+                                            "masking_rate": Mean.of(rates)}

@@ -80,6 +80,9 @@ class TrainConfig:
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
   the rest, or a mapping such as `{"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}`)
   shards params, optimizer state and batches over a device mesh (`sharding.py`).
+  `grad_accum`: the step sums the gradients of that many micro-batches of `data.batch_size /
+  grad_accum` rows (`accumulate.py`), equal to the whole batch at once: memory of a
+  micro-batch, the update of the batch (run control).
   """
 
   model: ModelConfig
@@ -98,6 +101,7 @@ class TrainConfig:
   data_source_args: Any = ()  # Mapping[str, Any] or pairs -> sorted pairs, defaults included
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) sizes or a mapping -> MeshConfig
   init_from: str | None = None  # a training workdir whose latest params start this run
+  grad_accum: int = 1  # micro-batches per step (divides data.batch_size)
 
   def __post_init__(self):
     if self.mesh is not None:
@@ -108,6 +112,9 @@ class TrainConfig:
     for name in ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.grad_accum < 1 or self.data.batch_size % self.grad_accum:
+      raise ValueError(f"TrainConfig.grad_accum must be >= 1 and divide data.batch_size="
+                       f"{self.data.batch_size}, got {self.grad_accum}")
     if self.eval_batches is not None and self.eval_batches < 1:
       raise ValueError(f"TrainConfig.eval_batches must be >= 1 or None, got {self.eval_batches}")
     if not 0 <= self.seed < 2**31:
@@ -195,7 +202,8 @@ def _mesh(spec) -> MeshConfig:
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
                          "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules",
-                         "model.remat", "model.scan_layers", "model.attention"})
+                         "model.remat", "model.scan_layers", "model.attention",
+                         "model.loss_chunk", "grad_accum"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
 PATH_FIELDS = ("init_from", "data_source_args.path")

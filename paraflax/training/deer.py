@@ -37,11 +37,12 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from paraflax import deer_layout, masks
 from paraflax.data.source import TrainData, register_source
 from paraflax.masks import CLEAN, MASKED
+from paraflax.training.head_loss import token_nll
+from paraflax.training.means import Loss, Mean
 from paraflax.training.objectives import register_objective
 
 FIELDS = ("tokens", "prompt_lens", "lengths")  # the batch keys of teacher rows (`datasets`)
@@ -83,23 +84,22 @@ def layout(tokens_BxW: jax.Array, lengths_B: jax.Array, prefix_B: jax.Array, sep
           "targets": source.astype(jnp.int32), "offset": offset}
 
 
-def forward(model, rows) -> jax.Array:
-  """Logits `[B, W+1, V]` of built rows under the drafter mask."""
+def forward(model, rows, hidden: bool = False) -> jax.Array:
+  """Logits `[B, W+1, V]` of built rows under the drafter mask, or with `hidden` their final
+  hidden states `[B, W+1, D]` (what `block_loss` takes: it computes the head in chunks)."""
   mask = masks.tidar(rows["kinds"], rows["blocks"], rows["valid"])
-  return model(rows["tokens"], rows["positions"], mask)[0]
+  return model(rows["tokens"], rows["positions"], mask, hidden=hidden)[0]
 
 
-def block_loss(logits, rows, weights_BxT, counted_BxT):
-  """(sum of weighted token cross entropy / B, metrics): accuracy over `counted` slots and at
-  y_1 (the first draft, the one every verification starts with)."""
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, rows["targets"])
-  hit = (jnp.argmax(logits, -1) == rows["targets"]).astype(jnp.float32)
+def block_loss(model, hidden_BxTxD, rows, weights_BxT, counted_BxT):
+  """(sum of weighted token cross entropy / B, metrics) as `means` of `hidden`'s head:
+  accuracy over `counted` slots and at y_1 (the first draft, the one every verification
+  starts with)."""
+  nll, hit = token_nll(model, hidden_BxTxD, rows["targets"])
   counted = counted_BxT.astype(jnp.float32)
   first = counted * (rows["offset"] == 1)
-  acc = (hit * counted).sum() / jnp.maximum(counted.sum(), 1.0)
-  first_acc = (hit * first).sum() / jnp.maximum(first.sum(), 1.0)
-  loss = (nll * weights_BxT).sum() / logits.shape[0]
-  return loss, {"accuracy": acc, "first_accuracy": first_acc}
+  loss = Mean((nll * weights_BxT).sum(), jnp.float32(hidden_BxTxD.shape[0]))  # per row
+  return Loss.of(loss), {"accuracy": Mean.of(hit, counted), "first_accuracy": Mean.of(hit, first)}
 
 
 # ---- Stage I ----
@@ -142,7 +142,7 @@ def deer_stage1_loss(model, batch, rng, eps: float = 1e-3):
   prefix, t, masked = stage1_draws(rng, batch["prompt_lens"], batch["lengths"],
                                    batch["tokens"].shape[1], eps)
   rows = stage1_rows(batch, prefix, t, masked, mask_id, sep_id)
-  return block_loss(forward(model, rows), rows, rows["weights"], masked)
+  return block_loss(model, forward(model, rows, hidden=True), rows, rows["weights"], masked)
 
 
 # ---- Stage II ----
@@ -210,7 +210,7 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
                      f"{blocks}")
   prefix, r = stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)
   rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha)
-  return block_loss(forward(model, rows), rows, rows["weights"], rows["masked"])
+  return block_loss(model, forward(model, rows, hidden=True), rows, rows["weights"], rows["masked"])
 
 
 # ---- data ----

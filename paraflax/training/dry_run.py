@@ -73,7 +73,8 @@ def dry_run(cfg: TrainConfig) -> dict:
   batch = abstract_batch(cfg, mesh)
   key = jax.eval_shape(lambda: jax.random.key(0))
   key = _abstract(key.shape, key.dtype, None if mesh is None else sharding.replicated(mesh))
-  step = jit_train_step(graphdef, obj.bind(cfg.objective_args), tx, mesh, params, opt_state)
+  step = jit_train_step(graphdef, obj.bind(cfg.objective_args), tx, mesh, params, opt_state,
+                        cfg.grad_accum)
   t0 = time.perf_counter()
   lowered = step.lower(params, opt_state, batch, key)
   t1 = time.perf_counter()
@@ -91,6 +92,7 @@ def dry_run(cfg: TrainConfig) -> dict:
           "mesh": None if mesh is None else dict(mesh.shape),
           "platform": jax.devices()[0].platform,
           "batch_size": cfg.data.batch_size, "seq_len": cfg.data.seq_len,
+          "grad_accum": cfg.grad_accum,
           "batch": {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()},
           "model_dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
           **memory, "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}

@@ -2,8 +2,13 @@
 
 A loss is `loss(model, batch, rng, **args) -> (loss, metrics)`: it sees the model (merged
 inside the jitted step), the batch dict of the run's data source and a per-step PRNG key
-derived from (seed, step), and returns a scalar float32 loss and a dict of scalar metrics.
-Each method registers its own from its own file (`ar.py`, `tidar.py`, `asarm.py`,
+derived from (seed, step), and returns its loss as weighted means kept as sums
+(`means.Loss`: sum_j coef_j * Mean_j) and a dict of `means.Mean` metrics, so that gradient
+accumulation adds micro-batches up to the whole batch exactly (`accumulate.py`); a loss may
+also return a plain scalar and scalar metrics (accumulated as means of one term: a mean of
+micro-batch means). What callers get (`Objective.__call__`, `bind`, `get_objective`, the
+function `register_objective` returns) is the finished `(scalar loss, {name: scalar})`,
+`finalize`d; `bind(...).parts` is the raw output the training step accumulates. Each method registers its own from its own file (`ar.py`, `tidar.py`, `asarm.py`,
 `jacobi_forcing.py`, `deer.py`) with `register_objective`, declaring the batch `fields` it
 reads and the data `source` it trains on; the trainer looks objectives up by
 `TrainConfig.objective` and never branches on one.
@@ -21,7 +26,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paraflax.training.means import Mean, finalize
+
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundLoss:
+  """A loss with its arguments bound: calling it gives (scalar loss, scalar metrics);
+  `parts(model, batch, rng)` gives the loss's own output (means, for accumulation)."""
+  parts: Callable
+
+  def __call__(self, model, batch, rng):
+    return finalize(*self.parts(model, batch, rng))
 
 STEP = "step"  # the batch field the trainer adds itself: the 0-based step, int32 [B]
 
@@ -41,11 +58,11 @@ class Objective:
   source: str = "stdlib"
 
   def __call__(self, model, batch, rng, **args):
-    return self.loss(model, batch, rng, **args)
+    return finalize(*self.loss(model, batch, rng, **args))
 
-  def bind(self, args: Any = ()) -> LossFn:
+  def bind(self, args: Any = ()) -> BoundLoss:
     """The loss with its keyword arguments bound: `loss_fn(model, batch, rng)`."""
-    return functools.partial(self.loss, **dict(args))
+    return BoundLoss(functools.partial(self.loss, **dict(args)))
 
   def check_args(self, args: Any) -> None:
     """Raise a one-line ValueError unless the loss takes these keyword arguments."""
@@ -66,12 +83,17 @@ OBJECTIVES: dict[str, Objective] = {}
 def register_objective(name: str, *, fields: tuple[str, ...] = ("tokens",),
                        source: str = "stdlib",
                        replace: bool = False) -> Callable[[LossFn], LossFn]:
-  """Decorator: make `fn` available as `TrainConfig(objective=name)`; returns `fn`."""
+  """Decorator: make `fn` available as `TrainConfig(objective=name)`; returns `fn` finalized
+  (its loss and metrics as scalars)."""
   def register(fn: LossFn) -> LossFn:
     if name in OBJECTIVES and not replace and OBJECTIVES[name].loss is not fn:
       raise ValueError(f"objective {name!r} is already registered; pass replace=True to override")
     OBJECTIVES[name] = Objective(name, fn, tuple(fields), source)
-    return fn
+
+    @functools.wraps(fn)
+    def finalized(*args, **kwargs):
+      return finalize(*fn(*args, **kwargs))
+    return finalized
   return register
 
 
@@ -82,7 +104,7 @@ def objective(name: str) -> Objective:
   return OBJECTIVES[name]
 
 
-def get_objective(name: str, args: Any = ()) -> LossFn:
+def get_objective(name: str, args: Any = ()) -> BoundLoss:
   """The registered objective's loss with its keyword arguments bound: `loss_fn(model, batch,
   rng)`."""
   return objective(name).bind(args)
@@ -92,6 +114,4 @@ def cross_entropy(logits_BxTxV, targets_BxT, weights_BxT=None):
   """Weighted mean token cross entropy and argmax accuracy (both float32 scalars)."""
   nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)  # [B, T]
   hit = (jnp.argmax(logits_BxTxV, -1) == targets_BxT).astype(jnp.float32)
-  w = jnp.ones_like(nll) if weights_BxT is None else weights_BxT.astype(jnp.float32)
-  denom = jnp.maximum(w.sum(), 1.0)
-  return (nll * w).sum() / denom, (hit * w).sum() / denom
+  return Mean.of(nll, weights_BxT).value, Mean.of(hit, weights_BxT).value

@@ -12,14 +12,19 @@ from flax import nnx
 from paraflax import sharding
 from paraflax.config import ModelConfig
 from paraflax.model import Transformer
+from paraflax.training.accumulate import accumulated
 
 
-def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx):
-  """One optimizer update. Pure: returns (params, opt_state, metrics of scalars)."""
-  def objective(p):
-    return loss_fn(nnx.merge(graphdef, p), batch, rng)
-
-  (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
+def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx, accum: int = 1):
+  """One optimizer update. Pure: returns (params, opt_state, metrics of scalars). `accum` > 1
+  sums the gradients of that many micro-batches of `batch` (`accumulate.py`): the same update
+  as the whole batch at once."""
+  if accum > 1:
+    loss, metrics, grads = accumulated(getattr(loss_fn, "parts", loss_fn), graphdef, params,
+                                       batch, rng, accum)
+  else:
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: loss_fn(nnx.merge(graphdef, p), batch, rng), has_aux=True)(params)
   updates, opt_state = tx.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -67,7 +72,7 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh=None):
   return jax.jit(tx.init, out_shardings=out)(params)
 
 
-def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None):
+def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None, accum=1):
   """`train_step` jitted with params and optimizer state donated; on a mesh their output
   shardings are pinned to those of `params` / `opt_state` (so every step compiles alike) and
   it is traced under the mesh (activations split over the batch axes)."""
@@ -75,7 +80,7 @@ def jit_train_step(graphdef, loss_fn, tx, mesh=None, params=None, opt_state=None
   if mesh is not None:
     out = (sharding.state_shardings(params, mesh), sharding.state_shardings(opt_state, mesh),
            sharding.replicated(mesh))
-  step = functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx)
+  step = functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx, accum=accum)
   return jax.jit(sharding.traced_on(mesh, step), donate_argnums=(0, 1), out_shardings=out)
 
 

@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from paraflax import masks
-from paraflax.training.objectives import cross_entropy, register_objective
+from paraflax.training.head_loss import token_nll
+from paraflax.training.means import Loss, Mean
+from paraflax.training.objectives import register_objective
 
 
 def doubled(tokens_BxL: jax.Array, mask_token_id: int):
@@ -53,8 +55,12 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
   b, l = tokens_BxL.shape
   tokens, positions = doubled(tokens_BxL, mask_id)
   mask = masks.tidar_train(l, block_sizes_for(rng, b, block_size))
-  logits_Bx2LxV, _ = model(tokens, positions, mask)
-  ar, ar_acc = cross_entropy(logits_Bx2LxV[:, :l - 1], tokens_BxL[:, 1:])
-  diff, diff_acc = cross_entropy(logits_Bx2LxV[:, l:], tokens_BxL)
-  loss = (alpha * ar + diff) / (1.0 + alpha)
+  hidden_Bx2LxD, _ = model(tokens, positions, mask, hidden=True)
+  # one pass over the row: clean position i predicts x_{i+1} (the last one nothing), mask
+  # slot i predicts x_i
+  targets = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, :1], tokens_BxL], 1)
+  nll, hit = token_nll(model, hidden_Bx2LxD, targets)
+  ar, ar_acc = Mean.of(nll[:, :l - 1]), Mean.of(hit[:, :l - 1])
+  diff, diff_acc = Mean.of(nll[:, l:]), Mean.of(hit[:, l:])
+  loss = Loss.of((alpha / (1.0 + alpha), ar), (1.0 / (1.0 + alpha), diff))
   return loss, {"ar_loss": ar, "diff_loss": diff, "accuracy": ar_acc, "diff_accuracy": diff_acc}

@@ -142,7 +142,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
   log = MetricsLog(workdir / METRICS, resume_step=start) if main else _NoLog()
   target = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
 
-  step_fn = jit_train_step(graphdef, loss_fn, tx, mesh, params, opt_state)
+  step_fn = jit_train_step(graphdef, loss_fn, tx, mesh, params, opt_state, cfg.grad_accum)
   eval_fn = jax.jit(sharding.traced_on(mesh, functools.partial(eval_step, graphdef,
                                                                 loss_fn=loss_fn)))
 

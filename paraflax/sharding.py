@@ -246,6 +246,17 @@ def constrain_batch(x_BxN):
   return jax.lax.with_sharding_constraint(x_BxN, logical_spec(names, x_BxN.shape, mesh))
 
 
+def batch_shards(b: int) -> int:
+  """Into how many parts `constrain_batch` splits `b` rows under the context mesh (1 outside
+  one): the rows each device holds are b / batch_shards(b)."""
+  mesh = _context_mesh()
+  if mesh is None:
+    return 1
+  spec = logical_spec(("batch",), (b,), mesh)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def traced_on(mesh, fn):
   """`fn` traced under `mesh`'s abstract mesh (so `constrain*` apply inside it), or `fn`
   itself when `mesh` is None: wrap a function before `jax.jit`."""

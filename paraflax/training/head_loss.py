@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paraflax import sharding
 from paraflax.model import logits as project
 
 # "auto" (loss_chunk=None): the float32 logits computed at once stay under this many bytes
@@ -31,7 +32,7 @@ LOGITS_BUDGET = 256 * 2**20
 def chunk_size(setting: int | None, b: int, t: int, v: int) -> int:
   """Positions per chunk (t: the whole row) for `ModelConfig.loss_chunk` = `setting`: an
   int forces it; None takes the whole row while its logits `[b, t, v]` float32 fit
-  `LOGITS_BUDGET`, else the fewest equal chunks that do."""
+  `LOGITS_BUDGET`, else the fewest equal chunks that do. `b`: the rows one device holds."""
   if setting is not None:
     return min(setting, t)
   n = -(-(b * t * v * 4) // LOGITS_BUDGET)
@@ -43,7 +44,8 @@ def per_position(fn, model, hidden_BxTxD, extras=None):
   concatenated to `[B, T]`. `extras`: a pytree of `[B, T, ...]` arrays cut like the row."""
   b, t, _ = hidden_BxTxD.shape
   w_DxV = model.unembedding()
-  chunk = chunk_size(model.cfg.loss_chunk, b, t, w_DxV.shape[1])
+  rows = b // sharding.batch_shards(b)  # per device: the batch is split over a mesh's axes
+  chunk = chunk_size(model.cfg.loss_chunk, rows, t, w_DxV.shape[1])
   inputs = (hidden_BxTxD, extras)
 
   def run(w, h_and_x):

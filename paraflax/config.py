@@ -52,7 +52,8 @@ class ModelConfig:
   "none" keeps every layer's activations for the backward pass, "full" keeps only each
   layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
   matmuls (projections, MLP) and recomputes attention scores and elementwise ops; "auto" is
-  "full" for real-size models (`max_seq_len` above `attention.DENSE_MAX_LEN`), else "none".
+  "full" for real-size models (`model.remat_policy`: a row's activations above 256 MiB), else
+  "none".
   `scan_layers` (run control too) runs the layers as one `lax.scan` over their weights
   stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
   instead of n_layers copies, and the backward pass recomputes one layer at a time, which

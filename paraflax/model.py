@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from paraflax import sharding
-from paraflax.attention import DENSE_MAX_LEN, attend
+from paraflax.attention import attend
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
 
@@ -49,12 +49,19 @@ REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
                   "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
+# "auto" remat: rematerialise when a backward pass would keep more than this per row
+REMAT_BUDGET = 256 * 2**20
+
+
 def remat_policy(cfg: ModelConfig) -> str:
-  """`cfg.remat` with "auto" resolved: "full" for models longer than `DENSE_MAX_LEN` (the
-  real-size ones, whose activations dominate training memory), else "none"."""
+  """`cfg.remat` with "auto" resolved: "full" when the activations an un-rematerialised
+  backward keeps for one row at `max_seq_len` (about 4 d_model + 3 d_ff values per token and
+  layer) exceed `REMAT_BUDGET` (every real-size model: 0.9 GiB for Qwen2.5-0.5B at 1024
+  tokens), else "none" (the demo and test models, a few MiB)."""
   if cfg.remat != "auto":
     return cfg.remat
-  return "full" if cfg.max_seq_len > DENSE_MAX_LEN else "none"
+  per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
+  return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
 
 
 def scans(cfg: ModelConfig, cached: bool) -> bool:

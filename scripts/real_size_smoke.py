@@ -3,7 +3,7 @@
 
     python scripts/real_size_smoke.py                                  # everything, 24 layers
     python scripts/real_size_smoke.py --objectives ar,tidar --layers 4 --skip-decode
-    python scripts/real_size_smoke.py --remat full --scan-layers       # if a step does not fit
+    python scripts/real_size_smoke.py --remat none --scan-layers false # the plain path
 
 Training (a): each objective's shipped config with the model `--set` to Qwen2.5-0.5B shapes
 (bf16 compute, float32 params), `data.seq_len` 1024, batch 1; a synthetic batch of its data
@@ -57,8 +57,8 @@ def run_control(args) -> dict:
   sets = {}
   if args.remat is not None:
     sets["model.remat"] = args.remat
-  if args.scan_layers:
-    sets["model.scan_layers"] = True
+  if args.scan_layers is not None:
+    sets["model.scan_layers"] = {"auto": "auto", "true": True, "false": False}[args.scan_layers]
   if args.attention is not None:
     sets["model.attention"] = args.attention
   return sets
@@ -147,13 +147,14 @@ def compile_step(cfg, tx, params, opt_state, batch, key) -> tuple:
 
 
 def run_settings(cfg) -> dict:
-  return {"remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers,
+  """The run control the step compiled with, "auto" resolved (what a training call gets)."""
+  from paraflax.model import remat_policy, scans
+  return {"remat": remat_policy(cfg.model), "scan_layers": scans(cfg.model, cached=False),
           "attention": cfg.model.attention}
 
 
 def train_one(name: str, args) -> dict:
-  """Init, compile and run one training step of objective `name`; the report. With `--fit`,
-  a step over `--max-gib` is recompiled with remat "full" and scan_layers (both reported)."""
+  """Init, compile and run one training step of objective `name`; the report."""
   import jax
   from paraflax.training import optim
   from paraflax.training.step import init_opt_state, init_params
@@ -171,13 +172,6 @@ def train_one(name: str, args) -> dict:
   key = jax.random.key(0)
   compiled, report["compile_s"], need, temp = compile_step(cfg, tx, params, opt_state, batch, key)
   report.update(run_settings(cfg), xla_temp_gib=temp / GIB, xla_total_gib=need / GIB)
-  if need > args.max_gib * GIB and args.fit:
-    report["as_configured"] = {**run_settings(cfg), "xla_temp_gib": temp / GIB,
-                               "xla_total_gib": need / GIB, "compile_s": report["compile_s"]}
-    cfg = train_config(name, args, {"model.remat": "full", "model.scan_layers": True})
-    compiled, report["compile_s"], need, temp = compile_step(cfg, tx, params, opt_state, batch,
-                                                             key)
-    report.update(run_settings(cfg), xla_temp_gib=temp / GIB, xla_total_gib=need / GIB)
   if need > args.max_gib * GIB:
     return {**report, "skipped": f"XLA needs {need / GIB:.1f} GiB > --max-gib {args.max_gib}",
             "peak_rss_gib": peak_rss_gib()}
@@ -377,14 +371,13 @@ def spawn(part: str, out: Path) -> dict:
 
 def train_table(rows: list[dict]) -> str:
   lines = ["| objective | remat, scan | compile s | step s | loss | grad norm | params moved "
-           "| XLA GiB (as configured) | peak RSS GiB |", "|---|---|---|---|---|---|---|---|---|"]
+           "| XLA GiB | peak RSS GiB |", "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     if "error" in r or "skipped" in r:
       lines.append(f"| {r.get('objective', r.get('part'))} | {r.get('error') or r['skipped']} "
                    "|||||||")
       continue
-    was = r.get("as_configured")
-    gib = f"{r['xla_total_gib']:.2f}" + (f" ({was['xla_total_gib']:.2f})" if was else "")
+    gib = f"{r['xla_total_gib']:.2f}"
     lines.append(f"| {r['objective']} | {r['remat']}, {r['scan_layers']} | {r['compile_s']:.1f} | "
                  f"{r['step_s']:.1f} | {r['loss']:.4f} | {r['grad_norm']:.3f} | "
                  f"{r['params_moved']} | {gib} | {r['peak_rss_gib']:.2f} |")
@@ -440,17 +433,14 @@ def parse(argv=None):
                  help=f"comma-separated decoders to run (of {', '.join(DECODERS)})")
   p.add_argument("--layers", type=int, default=24, help="n_layers of the model (Qwen: 24)")
   p.add_argument("--seq-len", type=int, default=1024, help="training data.seq_len")
-  p.add_argument("--remat", choices=("none", "full", "save_matmuls"), default=None,
-                 help="ModelConfig.remat for training (default: the config's)")
-  p.add_argument("--scan-layers", action="store_true",
-                 help="ModelConfig.scan_layers=True for training (default: the config's)")
+  p.add_argument("--remat", choices=("auto", "none", "full", "save_matmuls"), default=None,
+                 help="ModelConfig.remat for training (default: the config's, 'auto')")
+  p.add_argument("--scan-layers", choices=("auto", "true", "false"), default=None,
+                 help="ModelConfig.scan_layers for training (default: the config's, 'auto')")
   p.add_argument("--attention", default=None,
                  help="ModelConfig.attention, training and decoding (default: the config's)")
   p.add_argument("--max-gib", type=float, default=12.0,
                  help="do not run a step whose XLA memory analysis needs more than this")
-  p.add_argument("--fit", action="store_true",
-                 help="a step over --max-gib runs with remat=full and scan_layers=True instead "
-                      "(the figure as configured is kept in the report)")
   p.add_argument("--skip-decode", action="store_true", help="training only")
   p.add_argument("--skip-slots", action="store_true", help="no slot-cost curve")
   p.add_argument("--cache-len", type=int, default=1024,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import sys
@@ -22,10 +23,19 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-  from paraflax.evaluation.complete import complete
-  c = _call(complete, args)
-  print(args.prompt + c.text)
-  print(f"\n[{c.summary()}]", file=sys.stderr)
+  from paraflax.evaluation.complete import complete, read_prompts
+  prompts = read_prompts(args.prompt, args.prompts_file)
+  done, seconds = _call(functools.partial(complete, prompts), args)
+  tokens = sum(len(c.ids) for c in done)
+  timing = f"{len(done)} prompts, {tokens} tokens in {seconds:.3f}s: {tokens / seconds:.1f} tokens/s"
+  if args.json:
+    print(json.dumps({"decoder": args.decoder, "seconds": round(seconds, 6),
+                      "completions": [c.record() for c in done]}))
+    return
+  for c in done:
+    print(c.prompt + c.text, flush=True)
+    print(f"[{c.summary()}]", file=sys.stderr, flush=True)
+  print(f"[{timing}, warm]", file=sys.stderr)
 
 
 def cmd_bench(args):
@@ -125,18 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
                      "convert` output")
     src.add_argument(f"--{prefix}hf", help=f"{what}a local Hugging Face checkpoint directory")
 
-  g = command("generate", cmd_generate, "complete a text prompt with a trained model")
+  g = command("generate", cmd_generate, "complete text prompts, in one batch, with any decoder")
   model_flags(g)
-  g.add_argument("--prompt", required=True)
+  g.add_argument("--prompt", action="append", help="a text to complete (repeatable)")
+  g.add_argument("--prompts-file", help="a JSONL file of {\"prompt\": TEXT} or chat "
+                 "{\"messages\": [...]} records")
+  g.add_argument("--chat", action="store_true", help="wrap each --prompt as a user turn of "
+                 "the model's chat template")
+  g.add_argument("--json", action="store_true", help="print one JSON object: ids, text, counts")
   _ints(g, max_new_tokens=64)
   g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   g.add_argument("--top-k", type=int, default=0)
   g.add_argument("--top-p", type=float, default=1.0)
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--decoder", default="ar", choices=list(DECODERS), help="the decoding method")
+  g.add_argument("--decoder", default="ar", help=f"one of {', '.join(DECODERS)}")
   g.add_argument("--block-size", type=int, default=None, help="tokens per step: Jacobi block, "
-                 "drafts of tidar, speculative, deer, prompt_lookup (default: the decoder's)")
-  model_flags(g, "draft-", "the drafter of --decoder speculative or deer: ", required=False)
+                 "drafts of tidar, speculative, deer, prompt-lookup (default: the bench's)")
+  g.add_argument("--ngram", type=int, default=None, help="prompt-lookup: longest n-gram matched "
+                 "(default 3)")
+  g.add_argument("--draft", help="the drafter of speculative and deer: a workdir or HF dir")
 
   def bench_flags(q):
     q.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts")

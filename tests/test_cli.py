@@ -162,7 +162,7 @@ def test_drafter_and_asarm_rows(workdir, tmp_path):
 @pytest.mark.parametrize("flags, match", [
     (["--decoder", "deer"], "--decoder deer needs a draft model"),
     (["--decoder", "speculative"], "--decoder speculative needs a draft model"),
-    (["--decoder", "jacobi", "--draft-workdir", "d"], "--decoder jacobi takes no draft model"),
+    (["--decoder", "jacobi", "--draft", "d"], "--decoder jacobi takes no draft model"),
     (["--decoder", "ar", "--block-size", "4"], "--block-size does not apply to the ar decoder"),
 ])
 def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, match):
@@ -175,10 +175,10 @@ def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flag
 
 @pytest.mark.slow
 def test_generate_decoder_picks_any_decoder_with_the_same_greedy_text(workdir, capsys):
-  """`--decoder NAME` (a drafter via --draft-workdir): every exact decoder prints AR's text."""
+  """`--decoder NAME` (a drafter via --draft): every exact decoder prints AR's text."""
   texts = {}
-  for flags in (["--decoder", "ar"], ["--decoder", "jacobi_mr", "--block-size", "4"],
-                ["--decoder", "speculative", "--draft-workdir", str(workdir)]):
+  for flags in (["--decoder", "ar"], ["--decoder", "jacobi-mr", "--block-size", "4"],
+                ["--decoder", "speculative", "--draft", str(workdir)]):
     assert cli.main(["generate", "--workdir", str(workdir), "--prompt", "def add(a, b):",
                      "--max-new-tokens", "8", *flags]) == 0
     out, err = capsys.readouterr()

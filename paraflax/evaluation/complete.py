@@ -1,4 +1,5 @@
-"""One text prompt completed by any decoder, timed warm: what `paraflax generate` prints."""
+"""Text prompts completed in one batch by any decoder, timed warm: what `paraflax generate`
+prints."""
 
 from __future__ import annotations
 
@@ -9,48 +10,86 @@ import jax
 
 from paraflax.decoding.generate import generate
 from paraflax.evaluation import methods
-from paraflax.loading import load_drafter, load_model
+from paraflax.data.jsonl import json_lines
+from paraflax.loading import load_drafter, load_model, resolve
 
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
+  prompt: str  # as given; "" for chat messages
   text: str  # the new text only
-  tokens: int
-  seconds: float  # warm: the compiling first run is not counted
-  forwards: int  # target-model forwards, the prefill included
+  ids: list[int]  # the new token ids
+  forwards: int  # target-model forwards after the prefill (the API's `out.forwards`)
   draft_forwards: int | None  # None: no draft model
 
+  def record(self) -> dict:
+    """The completion as a JSON object (`tokens_per_forward` counts the prefill, as the bench)."""
+    return dataclasses.asdict(self) | {
+        "tokens": len(self.ids), "prefill_forwards": 1,
+        "tokens_per_forward": round(len(self.ids) / (self.forwards + 1), 4)}
+
   def summary(self) -> str:
-    """"N tokens in S s: R tokens/s, F forwards" (and the drafter's forwards)."""
+    """"N tokens: F forwards after the prefill + 1 prefill, R tokens/forward" (+ drafter's)."""
+    r = self.record()
     drafted = "" if self.draft_forwards is None else f", {self.draft_forwards} drafter forwards"
-    return (f"{self.tokens} tokens in {self.seconds:.3f}s: {self.tokens / self.seconds:.1f} "
-            f"tokens/s, {self.forwards} forwards{drafted}")
+    return (f"{r['tokens']} tokens: {self.forwards} forwards after the prefill + 1 prefill, "
+            f"{r['tokens_per_forward']:.2f} tokens/forward (prefill included){drafted}")
 
 
-def complete(prompt: str, *, workdir=None, hf=None, decoder: str = "ar", block_size=None,
-             draft_workdir=None, draft_hf=None, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 64) -> Completion:
-  """`prompt` completed by the model of `workdir` or `hf` with the decoder named `decoder`
-  (`methods.DECODERS`; speculative and deer take a drafter: `draft_workdir` or `draft_hf`).
-  Flag errors (sampling, decoder, drafter) are ValueErrors raised before any model loads."""
+def read_prompts(prompt=(), prompts_file=None) -> list:
+  """The `--prompt` texts, then the records of the JSONL `prompts_file`: a `prompt` text, or
+  chat `messages` ([{"role", "content"}, ...])."""
+  prompts = list(prompt or ())
+  for where, record in json_lines(prompts_file) if prompts_file else ():
+    value = record.get("prompt", record.get("messages")) if isinstance(record, dict) else None
+    if not isinstance(value, (str, list)):
+      raise ValueError(f"{where}: expected a JSON object with \"prompt\" (a text) or "
+                       "\"messages\" (a chat)")
+    prompts.append(value)
+  if not prompts:
+    raise ValueError("no prompt: give --prompt TEXT or --prompts-file FILE.jsonl")
+  return prompts
+
+
+def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block_size=None,
+             ngram=None, draft=None, chat: bool = False, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 64):
+  """([Completion], warm seconds): `prompts` (texts, or chat messages) completed in one batch by
+  the model of `workdir` or `hf` with the decoder named `decoder` (`methods.DECODERS`;
+  speculative and deer take the drafter `draft`, a workdir or HF dir). `chat` renders texts as
+  one user turn under the model's chat template. Flag errors are ValueErrors raised before any
+  model loads."""
   sampler = methods.sampler_from_flags(temperature, top_k, top_p)
   sampler.validate()
-  dec = methods.decoder(decoder, sampler, block_size)
-  drafts = bool(draft_workdir or draft_hf)
-  if drafts != methods.needs_drafter(decoder):
-    raise ValueError(f"--decoder {decoder} takes no draft model" if drafts else
-                     f"--decoder {decoder} needs a draft model: --draft-workdir or --draft-hf")
+  dec = methods.decoder(decoder, sampler, block_size, ngram)
+  if bool(draft) != methods.needs_drafter(decoder):
+    raise ValueError(f"--decoder {decoder} takes no draft model" if draft else
+                     f"--decoder {decoder} needs a draft model: --draft DIR")
+  drafter_dirs = resolve(draft) if draft else None  # a wrong directory: before any loading
   model, tok, encode = load_model(workdir, hf)
-  draft = load_drafter(draft_workdir, draft_hf, tok, model.cfg.vocab_size) if drafts else None
-  ids = encode(prompt)
-  if not ids:
-    raise SystemExit("--prompt encodes to no tokens: give some text")
+  ids = [_encode(p, chat, tok, encode, workdir or hf) for p in prompts]
+  drafter = load_drafter(*drafter_dirs, tok, model.cfg.vocab_size) if draft else None
   kw = dict(decoder=dec, max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
-            eos_id=tok.eos_id, draft_model=draft)
-  jax.block_until_ready(generate(model, [ids], **kw).tokens)  # compile
+            eos_id=tok.eos_id, draft_model=drafter)
+  jax.block_until_ready(generate(model, ids, **kw).tokens)  # compile
   t0 = time.perf_counter()
-  out = jax.device_get(generate(model, [ids], **kw))
+  out = jax.device_get(generate(model, ids, **kw))
   seconds = time.perf_counter() - t0
-  n = int(out.lengths[0])
-  return Completion(tok.decode(out.tokens[0, :n].tolist()), n, seconds,
-                    int(out.forwards[0]) + 1, int(out.draft_forwards[0]) if drafts else None)
+  rows = [out.tokens[i, :n].tolist() for i, n in enumerate(out.lengths)]
+  return [Completion(p if isinstance(p, str) and not chat else "", tok.decode(r), r,
+                     int(out.forwards[i]), int(out.draft_forwards[i]) if draft else None)
+          for i, (p, r) in enumerate(zip(prompts, rows))], seconds
+
+
+def _encode(prompt, chat: bool, tok, encode, path) -> list[int]:
+  """Token ids of a text (as a user turn with `chat`) or of chat messages (the template's)."""
+  if chat or not isinstance(prompt, str):
+    from paraflax.hf.chat import chat_prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = tok.backend.encode(chat_prompt(path, messages),
+                             add_special_tokens=False).ids  # the template writes BOS
+  else:
+    ids = encode(prompt)
+  if not ids:
+    raise ValueError(f"the prompt {prompt!r} encodes to no tokens: give some text")
+  return ids

@@ -3,6 +3,8 @@ named by the sampling flags (`--temperature`, `--top-k`, `--top-p`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from paraflax import decoders, sampling
 from paraflax.evaluation.bench import Method
 
@@ -28,29 +30,36 @@ def sampler_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0):
   return sampling.Temperature(temperature)
 
 
-# name -> (decoder of (block size, sampler), default block size, needs a draft model)
+# `generate --decoder` name -> (decoder of (block size, sampler), default block size, needs a
+# draft model); the settings are the bench's
 DECODERS = {
     "ar": (lambda n, s: decoders.AR(s), None, False),
     "jacobi": (lambda n, s: decoders.Jacobi(block_size=n, sampler=s), 16, False),
-    "jacobi_mr": (lambda n, s: decoders.JacobiMR(block_size=n, num_blocks=2, pool_size=16,
+    "jacobi-mr": (lambda n, s: decoders.JacobiMR(block_size=n, num_blocks=2, pool_size=16,
                                                  num_candidates=2, sampler=s), 16, False),
     "tidar": (lambda n, s: decoders.TiDAR(block_size=n, beta=1.0, sampler=s), 8, False),
     "speculative": (lambda n, s: decoders.Speculative(n, sampler=s), 4, True),
     "deer": (lambda n, s: decoders.DEER(n, sampler=s), 8, True),
-    "prompt_lookup": (lambda n, s: decoders.PromptLookup(max_ngram=3, num_tokens=n, sampler=s),
+    "prompt-lookup": (lambda n, s: decoders.PromptLookup(max_ngram=3, num_tokens=n, sampler=s),
                       8, False),
 }
 
 
-def decoder(name: str, sampler=None, block_size: int | None = None):
+def decoder(name: str, sampler=None, block_size: int | None = None, ngram: int | None = None):
   """The decoder `name` (a key of `DECODERS`) with its default settings; `block_size` sets its
-  tokens per step (Jacobi block, drafts of TiDAR, speculative, DEER and prompt lookup)."""
+  tokens per step (Jacobi block, drafts of TiDAR, speculative, DEER and prompt lookup), `ngram`
+  the longest n-gram prompt lookup matches."""
   if name not in DECODERS:
     raise ValueError(f"unknown decoder {name!r}: pick one of {', '.join(DECODERS)}")
   make, default, _ = DECODERS[name]
   if block_size is not None and default is None:
     raise ValueError(f"--block-size does not apply to the {name} decoder")
-  return make(default if block_size is None else block_size, sampler or sampling.Greedy())
+  dec = make(default if block_size is None else block_size, sampler or sampling.Greedy())
+  if ngram is None:
+    return dec
+  if not hasattr(dec, "max_ngram"):
+    raise ValueError(f"--ngram does not apply to the {name} decoder (only prompt-lookup)")
+  return dataclasses.replace(dec, max_ngram=ngram)
 
 
 def needs_drafter(name: str) -> bool:

@@ -27,7 +27,8 @@ def cmd_generate(args):
   prompts = read_prompts(args.prompt, args.prompts_file)
   done, seconds = _call(functools.partial(complete, prompts), args)
   tokens = sum(len(c.ids) for c in done)
-  timing = f"{len(done)} prompts, {tokens} tokens in {seconds:.3f}s: {tokens / seconds:.1f} tokens/s"
+  timing = (f"{len(done)} prompt{'s' * (len(done) > 1)}, {tokens} tokens in {seconds:.3f}s: "
+            f"{tokens / seconds:.1f} tokens/s")
   if args.json:
     print(json.dumps({"decoder": args.decoder, "seconds": round(seconds, 6),
                       "completions": [c.record() for c in done]}))

@@ -173,20 +173,6 @@ def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flag
   assert match in err and "missing" not in err
 
 
-@pytest.mark.slow
-def test_generate_decoder_picks_any_decoder_with_the_same_greedy_text(workdir, capsys):
-  """`--decoder NAME` (a drafter via --draft): every exact decoder prints AR's text."""
-  texts = {}
-  for flags in (["--decoder", "ar"], ["--decoder", "jacobi-mr", "--block-size", "4"],
-                ["--decoder", "speculative", "--draft", str(workdir)]):
-    assert cli.main(["generate", "--workdir", str(workdir), "--prompt", "def add(a, b):",
-                     "--max-new-tokens", "8", *flags]) == 0
-    out, err = capsys.readouterr()
-    texts[flags[1]] = out
-    assert ("drafter forwards" in err) == (flags[1] == "speculative")
-  assert len(set(texts.values())) == 1 and texts["ar"].startswith("def add(a, b):")
-
-
 @pytest.mark.fast
 def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir(
     tmp_path, monkeypatch):

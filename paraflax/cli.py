@@ -23,20 +23,9 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-  from paraflax.evaluation.complete import complete, read_prompts
+  from paraflax.evaluation.complete import complete, read_prompts, show
   prompts = read_prompts(args.prompt, args.prompts_file)
-  done, seconds = _call(functools.partial(complete, prompts), args)
-  tokens = sum(len(c.ids) for c in done)
-  timing = (f"{len(done)} prompt{'s' * (len(done) > 1)}, {tokens} tokens in {seconds:.3f}s: "
-            f"{tokens / seconds:.1f} tokens/s")
-  if args.json:
-    print(json.dumps({"decoder": args.decoder, "seconds": round(seconds, 6),
-                      "completions": [c.record() for c in done]}))
-    return
-  for c in done:
-    print(c.prompt + c.text, flush=True)
-    print(f"[{c.summary()}]", file=sys.stderr, flush=True)
-  print(f"[{timing}, warm]", file=sys.stderr)
+  show(*_call(functools.partial(complete, prompts), args), args.decoder, args.json)
 
 
 def cmd_bench(args):
@@ -130,16 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
   from paraflax.training.__main__ import add_arguments
   add_arguments(t)
 
-  def model_flags(q, prefix="", what="", required=True):
-    src = q.add_mutually_exclusive_group(required=required)
-    src.add_argument(f"--{prefix}workdir", help=f"{what}a training workdir or a `paraflax "
-                     "convert` output")
-    src.add_argument(f"--{prefix}hf", help=f"{what}a local Hugging Face checkpoint directory")
+  def model_flags(q):
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workdir", metavar="DIR", help="a training workdir, a `paraflax convert` "
+                     "output or a Hugging Face directory")
+    src.add_argument("--hf", metavar="DIR", help="a local Hugging Face checkpoint directory")
 
   g = command("generate", cmd_generate, "complete text prompts, in one batch, with any decoder")
   model_flags(g)
-  g.add_argument("--prompt", action="append", help="a text to complete (repeatable)")
-  g.add_argument("--prompts-file", help="a JSONL file of {\"prompt\": TEXT} or chat "
+  g.add_argument("--prompt", action="append", metavar="TEXT", help="a text (repeatable)")
+  g.add_argument("--prompts-file", metavar="FILE.jsonl", help="{\"prompt\": TEXT} or chat "
                  "{\"messages\": [...]} records")
   g.add_argument("--chat", action="store_true", help="wrap each --prompt as a user turn of "
                  "the model's chat template")
@@ -149,12 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-k", type=int, default=0)
   g.add_argument("--top-p", type=float, default=1.0)
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--decoder", default="ar", help=f"one of {', '.join(DECODERS)}")
-  g.add_argument("--block-size", type=int, default=None, help="tokens per step: Jacobi block, "
+  g.add_argument("--decoder", default="ar", metavar="NAME", help=f"one of {', '.join(DECODERS)}")
+  g.add_argument("--block-size", type=int, metavar="N", help="tokens per step: Jacobi block, "
                  "drafts of tidar, speculative, deer, prompt-lookup (default: the bench's)")
-  g.add_argument("--ngram", type=int, default=None, help="prompt-lookup: longest n-gram matched "
-                 "(default 3)")
-  g.add_argument("--draft", help="the drafter of speculative and deer: a workdir or HF dir")
+  g.add_argument("--ngram", type=int, metavar="N", help="prompt-lookup: longest n-gram "
+                 "matched (default 3)")
+  g.add_argument("--draft", metavar="DIR", help="the drafter of speculative and deer: a workdir "
+                 "or HF dir")
 
   def bench_flags(q):
     q.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts")

@@ -4,6 +4,8 @@ prints."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 import time
 
 import jax
@@ -93,3 +95,17 @@ def _encode(prompt, chat: bool, tok, encode, path) -> list[int]:
   if not ids:
     raise ValueError(f"the prompt {prompt!r} encodes to no tokens: give some text")
   return ids
+
+
+def show(done: list[Completion], seconds: float, decoder: str, as_json: bool = False) -> None:
+  """Print each completion (its counts on stderr) and the batch's speed; or one JSON object."""
+  if as_json:
+    print(json.dumps({"decoder": decoder, "seconds": round(seconds, 6),
+                      "completions": [c.record() for c in done]}))
+    return
+  for c in done:
+    print(c.prompt + c.text, flush=True)
+    print(f"[{c.summary()}]", file=sys.stderr, flush=True)
+  tokens = sum(len(c.ids) for c in done)
+  print(f"[{len(done)} prompt{'s' * (len(done) > 1)}, {tokens} tokens in {seconds:.3f}s: "
+        f"{tokens / seconds:.1f} tokens/s, warm]", file=sys.stderr)

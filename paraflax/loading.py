@@ -15,10 +15,10 @@ def resolve(workdir=None, hf=None):
   """(workdir, hf) with the directory's kind checked: an HF directory given as `workdir` moves
   to `hf`; a directory that is neither kind is a ValueError saying what was expected."""
   path = epath.Path(workdir or hf)
-  if is_hf_dir(path):
-    return None, str(path)
   if not hf and (path / "config.json").is_file() and (path / "checkpoints").is_dir():
     return str(path), None
+  if is_hf_dir(path):
+    return None, str(path)
   raise ValueError(f"{str(path)!r} is not a model directory: expected " + (
       "a Hugging Face directory (config.json + *.safetensors)" if hf else
       "a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "

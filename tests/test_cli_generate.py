@@ -140,5 +140,7 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path, hf_dir):
     assert err.startswith("paraflax generate: error:") and "\n" not in err and match in err, err
   assert cli.main(["generate", "--workdir", str(tmp_path / "neither"), "--prompt", "x"]) == 2
   assert "is not a model directory: expected a paraflax workdir" in capsys.readouterr().err
+  assert cli.main(["generate", "--hf", BASE, "--prompt", "x"]) == 2
+  assert "expected a Hugging Face directory (config.json + *.safetensors)" in capsys.readouterr().err
   assert cli.main(["generate", "--workdir", BASE]) == 2
   assert "no prompt: give --prompt TEXT or --prompts-file" in capsys.readouterr().err

@@ -10,9 +10,9 @@ import time
 
 import jax
 
+from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
 from paraflax.evaluation import methods
-from paraflax.data.jsonl import json_lines
 from paraflax.loading import load_drafter, load_model, resolve
 
 

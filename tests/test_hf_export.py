@@ -38,7 +38,7 @@ def _pf_logits(model, tokens) -> np.ndarray:
   return np.asarray(logits)
 
 
-@pytest.mark.fast
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_export_loads_in_transformers_with_its_tokenizer(name, tmp_path):
   """Equal logits (1e-4), equal token ids, EOS/PAD (and <mask>/<sep>) in every config."""
@@ -61,7 +61,7 @@ def test_export_loads_in_transformers_with_its_tokenizer(name, tmp_path):
     assert hf_tok.convert_tokens_to_ids("<mask>") == model.cfg.mask_token_id
 
 
-@pytest.mark.fast
+@pytest.mark.slow
 def test_generate_stops_at_the_first_eos(tmp_path):
   """Greedy `generate` with only the exported generation_config ends at EOS, well before
   max_new_tokens, and each token is paraflax's greedy choice (EOS included)."""

@@ -67,7 +67,8 @@ def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -
   config = _tokenizer_config(tokenizer, ids, max_len)
   _write_json(out / "tokenizer_config.json", config)
   _write_json(out / "special_tokens_map.json",
-              {k: v for k, v in config.items() if k.endswith("_token") or k.startswith("add")})
+              {k: v for k, v in config.items()
+               if k.endswith("_token") or k == "additional_special_tokens"})
   _write_json(out / "generation_config.json", {**ids, "do_sample": False})
 
 

@@ -91,7 +91,8 @@ def cmd_convert(args):
 def cmd_export(args):
   from paraflax import hf, loading
   model, tok, _ = loading.load_model(args.workdir, args.hf)
-  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok)}")
+  eos = hf.eos_ids(args.hf or args.workdir, tok)
+  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok, eos_ids=eos)}")
 
 
 def cmd_checksum(args):
@@ -196,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")
   c.add_argument("--out", required=True)
 
-  e = command("export", cmd_export, "paraflax model -> Hugging Face safetensors + config.json")
+  e = command("export", cmd_export, "paraflax model -> a Hugging Face directory (weights, "
+              "config, generation config, tokenizer files)")
   model_flags(e)
   e.add_argument("--to-hf", required=True, help="output directory")
 

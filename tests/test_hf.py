@@ -352,6 +352,29 @@ def test_cli_generate_convert_export_on_a_hf_checkpoint(checkpoints, tmp_path, c
   assert capsys.readouterr().out == direct
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["hf", "convert"])
+def test_export_keeps_several_eos_ids_bos_and_the_prompt_encoding(checkpoints, tmp_path, route):
+  """Every EOS id of the source (generation_config lists two) and its BOS reach the export's
+  configs, straight from the HF dir or through `convert`; AutoTokenizer encodes prompts as
+  paraflax does (BOS first, special-token strings parsed as the HF tokenizer parses them)."""
+  from paraflax import cli
+  src = checkpoints["llama"][0]
+  flag = ["--hf", str(src)]
+  if route == "convert":
+    assert cli.main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "conv")]) == 0
+    flag = ["--workdir", str(tmp_path / "conv")]
+  assert cli.main(["export", *flag, "--to-hf", str(tmp_path / "out")]) == 0
+  for name in ("config.json", "generation_config.json"):
+    c = json.loads((tmp_path / "out" / name).read_text())
+    assert (c["eos_token_id"], c["bos_token_id"], c["pad_token_id"]) == ([EOS, 0], 125, 126)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+  assert (hf_tok.eos_token, hf_tok.bos_token, hf_tok.pad_token) == ("<|eos|>", "<s>", "<pad>")
+  text = "w3 w17 <|eos|> w5"
+  assert hf_tok(text)["input_ids"] == encode_prompt(load_hf_tokenizer(src), text)
+  assert load_hf_tokenizer(tmp_path / "out").eos_id == EOS
+
+
 # ---- what can be verified without checksums: a corrupt file is named, tensor by tensor ----
 
 def _corrupt(checkpoints, tmp_path, edit):

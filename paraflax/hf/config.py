@@ -132,8 +132,10 @@ def hf_model_type(cfg: ModelConfig) -> str:
 
 
 def hf_config_from_model(cfg: ModelConfig, *, bos_id: int | None = None,
-                         eos_id: int | None = None, pad_id: int | None = None) -> dict[str, Any]:
-  """A `config.json` dict that transformers (4.x and 5.x) loads as the same model."""
+                         eos_id: int | list[int] | None = None,
+                         pad_id: int | None = None) -> dict[str, Any]:
+  """A `config.json` dict that transformers (4.x and 5.x) loads as the same model (`eos_id`
+  a list where several tokens end a text)."""
   model_type = hf_model_type(cfg)
   out: dict[str, Any] = {
       "architectures": [ARCHITECTURES[model_type]], "model_type": model_type,

@@ -23,7 +23,7 @@ from flax import nnx
 
 from paraflax.hf.config import read_hf_config
 from paraflax.hf.load import load_hf
-from paraflax.hf.tokenizer import load_hf_tokenizer
+from paraflax.hf.tokenizer import eos_ids, load_hf_tokenizer
 
 
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,
@@ -53,8 +53,10 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
   shutil.copyfile(src / "tokenizer.json", out / "tokenizer.json")
   # load_trained's Tokenizer.load does not know HF special tokens; load_hf_tokenizer(out)
   # finds EOS/PAD here
-  ids = {f"{k}_token_id": v for k, v in (("eos", tokenizer.eos_id), ("pad", tokenizer.pad_id))
-         if v is not None}
+  ids = {} if tokenizer.pad_id is None else {"pad_token_id": tokenizer.pad_id}
+  eos = eos_ids(src, tokenizer)  # every one, so that export writes them all back
+  if eos:
+    ids["eos_token_id"] = eos if len(eos) > 1 else eos[0]
   (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
   _, params = nnx.split(model, nnx.Param)
   del model

@@ -2,13 +2,15 @@
 
 The architecture follows the config (Qwen3 if qk-norm, Qwen2 if q/k/v bias, else Llama).
 Tensors are converted and written one at a time in the params' own dtype, so
-`load_hf(export_hf(load_hf(d)))` has bit-identical parameters.
+`load_hf(export_hf(load_hf(d)))` has bit-identical parameters. With a tokenizer, the
+directory is complete: `AutoModelForCausalLM` + `AutoTokenizer` + `generate` stop at EOS.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +28,59 @@ def _write_json(file: Path, obj) -> None:
   file.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None) -> Path:
-  """Write `config.json`, `model.safetensors` (and `tokenizer.json` and
-  `generation_config.json` when `tokenizer` is given) into `out_dir`; return it."""
+def _bos_id(tokenizer: Tokenizer) -> int | None:
+  """The id the tokenizer's post-processor puts before every text (Llama's `<s>`), if any."""
+  plain = tokenizer.backend.encode("a", add_special_tokens=False).ids
+  full = tokenizer.backend.encode("a", add_special_tokens=True).ids
+  return full[0] if len(full) == len(plain) + 1 and full[1:] == plain else None
+
+
+def special_ids(tokenizer: Tokenizer, eos_ids: Sequence[int] | None = None) -> dict:
+  """{"bos_token_id", "eos_token_id", "pad_token_id"} as Hugging Face configs write them:
+  EOS an int, or a list when `eos_ids` names several (default: the tokenizer's one); roles
+  the tokenizer lacks are left out."""
+  eos = list(eos_ids) if eos_ids else [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+  ids = {"bos_token_id": _bos_id(tokenizer), "eos_token_id": eos[0] if len(eos) == 1 else eos,
+         "pad_token_id": tokenizer.pad_id}
+  return {k: v for k, v in ids.items() if v not in (None, [])}
+
+
+def _tokenizer_config(tokenizer: Tokenizer, ids: dict, max_len: int) -> dict:
+  """`tokenizer_config.json`: the special-token strings, `<mask>`/`<sep>` as extra specials,
+  and `split_special_tokens` so that text encodes as paraflax encodes it."""
+  name = tokenizer.backend.id_to_token
+  eos = ids.get("eos_token_id")
+  roles = {"bos_token": ids.get("bos_token_id"),
+           "eos_token": eos[0] if isinstance(eos, list) else eos,
+           "pad_token": ids.get("pad_token_id")}
+  tokens = {k: name(v) for k, v in roles.items() if v is not None}
+  extra = [name(i) for i in (tokenizer.mask_id, tokenizer.sep_id) if i is not None]
+  return {"tokenizer_class": "PreTrainedTokenizerFast", **tokens,
+          "additional_special_tokens": extra,
+          "split_special_tokens": tokenizer.backend.encode_special_tokens,
+          "clean_up_tokenization_spaces": False, "model_max_length": max_len}
+
+
+def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -> None:
+  """tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json."""
+  tokenizer.save(out / "tokenizer.json")
+  config = _tokenizer_config(tokenizer, ids, max_len)
+  _write_json(out / "tokenizer_config.json", config)
+  _write_json(out / "special_tokens_map.json",
+              {k: v for k, v in config.items()
+               if k.endswith("_token") or k == "additional_special_tokens"})
+  _write_json(out / "generation_config.json", {**ids, "do_sample": False})
+
+
+def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
+              eos_ids: Sequence[int] | None = None) -> Path:
+  """Write `config.json` and `model.safetensors` into `out_dir` (and, given `tokenizer`, the
+  tokenizer files and `generation_config.json`, with every id in `eos_ids` as EOS); return it."""
   cfg = model.cfg
-  ids = {}
-  if tokenizer is not None:
-    ids = dict(eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-  hf_cfg = hf_config_from_model(cfg, **ids)  # raises before anything is written
+  ids = special_ids(tokenizer, eos_ids) if tokenizer is not None else {}
+  hf_cfg = hf_config_from_model(cfg, bos_id=ids.get("bos_token_id"),
+                                eos_id=ids.get("eos_token_id"),
+                                pad_id=ids.get("pad_token_id"))  # raises before any write
   out = Path(out_dir).expanduser()
   out.mkdir(parents=True, exist_ok=True)
   _, params = nnx.split(model, nnx.Param)
@@ -49,8 +96,5 @@ def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = N
     stale.unlink()
   _write_json(out / "config.json", hf_cfg)
   if tokenizer is not None:
-    tokenizer.save(out / "tokenizer.json")
-    gen = {k: v for k, v in (("eos_token_id", tokenizer.eos_id),
-                             ("pad_token_id", tokenizer.pad_id)) if v is not None}
-    _write_json(out / "generation_config.json", gen)
+    _write_tokenizer(out, tokenizer, ids, cfg.max_seq_len)
   return out

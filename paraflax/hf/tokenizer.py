@@ -53,6 +53,20 @@ def load_hf_tokenizer(path: str | os.PathLike, *,
                    encode_special_tokens=encode_special_tokens)
 
 
+def eos_ids(path: str | os.PathLike, tokenizer: Tokenizer) -> list[int]:
+  """Every EOS id of the checkpoint (or workdir) at `path`: the list in generation_config.json,
+  else config.json (Llama-3.1-Instruct names three), within `tokenizer`'s vocabulary; else
+  `tokenizer.eos_id` alone."""
+  path = Path(path).expanduser()
+  for name in ("generation_config.json", "config.json"):
+    value = _json(path / name).get("eos_token_id")
+    found = [i for i in (value if isinstance(value, list) else [value])
+             if isinstance(i, int) and 0 <= i < tokenizer.vocab_size]
+    if found:
+      return found
+  return [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+
+
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
   """Token ids of `text` as Hugging Face encodes a prompt by default (`add_special_tokens`):
   with the tokenizer's own BOS where it adds one (Llama), nothing extra for Qwen."""

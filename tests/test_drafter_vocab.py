@@ -11,9 +11,10 @@ import pytest
 from conftest import micro_model
 from flax import nnx
 from test_speculative import PROMPTS
-from test_verify import assert_samples_the_joint, enumerated_ar_joint
+from test_verify import assert_samples_the_joint, chi_square_pvalue, enumerated_ar_joint
 
 import paraflax as pf
+from paraflax import loading
 from paraflax.decoding import speculative
 
 N_NEW = 16
@@ -42,6 +43,11 @@ def _unmask(monkeypatch, module):
   jax.clear_caches()
 
 
+@pytest.fixture(scope="module")
+def ar_tokens(model):
+  return np.asarray(pf.generate(model, PROMPTS, max_new_tokens=N_NEW).tokens)
+
+
 @pytest.fixture
 def fresh_caches():
   yield
@@ -49,33 +55,31 @@ def fresh_caches():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("k", [1, 3])
 def test_greedy_drafter_with_more_rows_equals_ar_and_never_drafts_an_extra_id(
-    model, k, monkeypatch, fresh_caches):
+    model, ar_tokens, monkeypatch, fresh_caches):
   drafter = with_extra_rows(model, model.cfg.vocab_size)  # 96 rows for a 48-row verifier
+  k = 3
   dec = pf.decoders.Speculative(k)
-  ar = pf.generate(model, PROMPTS, max_new_tokens=N_NEW)
   out = pf.generate(model, PROMPTS, decoder=dec, max_new_tokens=N_NEW, draft_model=drafter)
-  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.tokens, ar_tokens)
   # masked, the drafter is the verifier: every draft accepted, k + 1 tokens a step
   used = [row[row > 0] for row in np.asarray(out.accepted)]
   assert all(np.all(u[:-1] == k + 1) for u in used), [u.tolist() for u in used]
   _unmask(monkeypatch, speculative)  # unmasked, every draft is an extra id: all rejected
   bad = pf.generate(model, PROMPTS, decoder=dec, max_new_tokens=N_NEW, draft_model=drafter)
-  np.testing.assert_array_equal(bad.tokens, ar.tokens)  # (greedy verification still exact)
+  np.testing.assert_array_equal(bad.tokens, ar_tokens)  # (greedy verification still exact)
   acc = np.asarray(bad.accepted)
   assert np.all(acc[acc > 0] == 1), acc.tolist()
 
 
 @pytest.mark.fast
-def test_greedy_drafter_with_fewer_rows_equals_ar(model):
-  """The verifier emits ids the drafter has no row for (fed to it as 0)."""
+def test_greedy_drafter_with_fewer_rows_equals_ar(model, ar_tokens):
+  """The verifier emits ids the drafter has no row for (fed to it as 0); drafts < vocab=."""
   drafter = micro_model(seed=7, vocab_size=40, d_model=16, n_layers=1)
-  ar = pf.generate(model, PROMPTS, max_new_tokens=N_NEW)
-  assert np.any(np.asarray(ar.tokens) >= 40), "the drafter-less ids are exercised"
-  for dec in (pf.decoders.Speculative(3), pf.decoders.Speculative(2, vocab=32)):
-    out = pf.generate(model, PROMPTS, decoder=dec, max_new_tokens=N_NEW, draft_model=drafter)
-    np.testing.assert_array_equal(out.tokens, ar.tokens)
+  assert np.any(ar_tokens >= 40), "the drafter-less ids are exercised"
+  out = pf.generate(model, PROMPTS, decoder=pf.decoders.Speculative(2, vocab=32),
+                    max_new_tokens=N_NEW, draft_model=drafter)
+  np.testing.assert_array_equal(out.tokens, ar_tokens)
 
 
 @pytest.mark.fast
@@ -106,20 +110,20 @@ def test_bad_shared_vocabulary_is_a_clear_error(model):
 @pytest.mark.parametrize("kind", ["ar", "diffusion"])
 def test_stochastic_drafter_with_extra_rows_samples_the_ar_joint(monkeypatch, fresh_caches,
                                                                  kind):
-  """Verifier vocabulary 6, drafter rows 8 whose ids 6, 7 carry most of its unmasked mass
-  (DEER's: its <mask>, <sep>). Masked before sampling, the decoders pass the chi-square test
-  against the verifier's enumerated AR joint; the same test rejects a biased residual."""
+  """Verifier vocabulary 6, drafter rows 12 whose ids 6..11 carry most of its unmasked mass
+  (DEER's <mask>, <sep> are 6, 7). Masked before sampling, the decoders pass the chi-square test
+  against the verifier's enumerated AR joint (and rejects a biased residual)."""
   model = micro_model(vocab_size=6, seed=2, logit_std=2.2)
   ids = {"mask_token_id": 6, "sep_token_id": 7} if kind == "diffusion" else {}
   drafter = with_extra_rows(micro_model(vocab_size=6, seed=5, logit_std=2.2, d_model=16,
-                                        n_layers=1), 2, **ids)
+                                        n_layers=1), 6, **ids)
   sampler = pf.Temperature(1.0)
   prompt, n_new, rows, v = [1, 2, 1, 2, 1], 4, 20000, 6
   t = len(prompt)
   logits, _ = drafter(jnp.asarray([prompt]), jnp.arange(t)[None], pf.masks.causal(
       jnp.asarray([t]), t))
   extra = float(jax.nn.softmax(logits[0, -1])[v:].sum())
-  assert extra > 0.5, f"unmasked, the drafter would draw ids 6, 7 (mass {extra:.2f})"
+  assert extra > 0.5, f"unmasked, the drafter would draw ids >= 6 (mass {extra:.2f})"
   joint = enumerated_ar_joint(model, sampler, prompt, n_new)
   dec = (pf.decoders.DEER if kind == "diffusion" else pf.decoders.Speculative)(2, sampler)
 
@@ -130,4 +134,30 @@ def test_stochastic_drafter_with_extra_rows_samples_the_ar_joint(monkeypatch, fr
     assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
     return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
 
-  assert_samples_the_joint(sample, joint, monkeypatch, f"{kind} drafter with extra rows")
+  if kind == "ar":  # the control (a biased residual is rejected) once; it costs a 2nd run
+    assert_samples_the_joint(sample, joint, monkeypatch, "AR drafter with extra rows")
+  else:
+    pvalue = chi_square_pvalue(sample(), joint)
+    assert pvalue > 1e-3, f"DEER with extra rows deviates from the target (p={pvalue:.2e})"
+
+
+class _Tok:
+  """Just what `load_drafter` compares of a tokenizer."""
+
+  def __init__(self, fingerprint: str, vocab_size: int):
+    self._fingerprint, self.vocab_size = fingerprint, vocab_size
+
+  def fingerprint(self):
+    return self._fingerprint
+
+
+@pytest.mark.fast
+def test_load_drafter_compares_tokenizers_not_rows(model, monkeypatch):
+  drafter = micro_model(seed=7, vocab_size=56, d_model=16, n_layers=1)
+  theirs = _Tok("a" * 16, 44)
+  monkeypatch.setattr(loading, "load_model", lambda workdir, hf: (drafter, theirs, None))
+  assert loading.load_drafter("d", None, _Tok("a" * 16, 44)) is drafter  # 56 rows vs 48: fine
+  assert loading.shared_vocab(theirs, model, drafter) == 44  # the tokenizer's real ids
+  with pytest.raises(ValueError, match=r"^the drafter 'd' has another tokenizer than the model: "
+                     r"fingerprint aaaaaaaaaaaa \(44 ids\) != bbbbbbbbbbbb \(44 ids\)$"):
+    loading.load_drafter("d", None, _Tok("b" * 16, 44))

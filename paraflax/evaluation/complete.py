@@ -9,7 +9,7 @@ import jax
 
 from paraflax.decoding.generate import generate
 from paraflax.evaluation import methods
-from paraflax.loading import load_drafter, load_model
+from paraflax.loading import load_drafter, load_model, shared_vocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,9 @@ def complete(prompt: str, *, workdir=None, hf=None, decoder: str = "ar", block_s
     raise ValueError(f"--decoder {decoder} takes no draft model" if drafts else
                      f"--decoder {decoder} needs a draft model: --draft-workdir or --draft-hf")
   model, tok, encode = load_model(workdir, hf)
-  draft = load_drafter(draft_workdir, draft_hf, tok, model.cfg.vocab_size) if drafts else None
+  draft = load_drafter(draft_workdir, draft_hf, tok) if drafts else None
+  if drafts:  # drafts stay off padding rows and method tokens past the tokenizer
+    dec = dataclasses.replace(dec, vocab=shared_vocab(tok, model, draft))
   ids = encode(prompt)
   if not ids:
     raise SystemExit("--prompt encodes to no tokens: give some text")

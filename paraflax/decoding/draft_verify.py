@@ -75,8 +75,9 @@ def shared_vocab(decoder, draft_cfg, rows: int) -> int:
 
 def proposal_logits(logits_xVd: jax.Array, shared: int, rows: int) -> jax.Array:
   """The drafter's logits [..., Vd] in the verifier's index space [..., rows]: ids >= `shared`
-  get -inf BEFORE sampling, so q (what drafts are drawn from and verified with) has no mass
-  there and is over the same ids as p. Cutting q after sampling would not be exact."""
+  (the drafter's extra rows cut, the verifier's padded) are -inf BEFORE sampling, so q, what
+  drafts are drawn from and verified with, has no mass there and is over p's ids. Cutting q
+  after sampling would not be exact (drafts past the cut, q no longer their distribution)."""
   kept = logits_xVd[..., :shared].astype(jnp.float32)
   pad = [(0, 0)] * (kept.ndim - 1) + [(0, rows - shared)]
   return jnp.pad(kept, pad, constant_values=-jnp.inf)

@@ -52,10 +52,19 @@ def load_related(workdir, tok, vocab_size: int, flag: str):
   return other
 
 
-def load_drafter(workdir, hf, tok, vocab_size: int):
-  """A draft model (workdir or HF dir) that shares the verifier's tokenizer and vocabulary."""
+def load_drafter(workdir, hf, tok):
+  """A draft model (workdir or HF dir) made with the verifier's tokenizer `tok`. Row counts may
+  differ (Qwen2.5-0.5B has 151936, 7B 152064, one 151665-id tokenizer): the decoders draft
+  only below `shared_vocab`."""
   draft, draft_tok, _ = load_model(workdir, hf)
-  if draft_tok.fingerprint() != tok.fingerprint() or draft.cfg.vocab_size != vocab_size:
-    raise ValueError(f"the drafter {workdir or hf!r} does not share the model's tokenizer and "
-                     "vocabulary")
+  if draft_tok.fingerprint() != tok.fingerprint():
+    raise ValueError(f"the drafter {workdir or hf!r} has another tokenizer than the model: "
+                     f"fingerprint {draft_tok.fingerprint()[:12]} ({draft_tok.vocab_size} ids) "
+                     f"!= {tok.fingerprint()[:12]} ({tok.vocab_size} ids)")
   return draft
+
+
+def shared_vocab(tok, model, draft) -> int:
+  """The ids a drafter may propose to a verifier sharing tokenizer `tok`: the tokenizer's real
+  ids, within both models' rows (`vocab=` of `Speculative` / `DEER`)."""
+  return min(tok.vocab_size, model.cfg.vocab_size, draft.cfg.vocab_size)

@@ -20,7 +20,8 @@ from flax import struct
 from paraflax import deer_layout
 from paraflax.cache import ChunkKV, KVCache, commit
 from paraflax.decoding import state as st
-from paraflax.decoding.draft_verify import check_drafter, start_with_drafter, verify_drafts
+from paraflax.decoding.draft_verify import (check_drafter, drafter_ids, proposal_logits,
+                                            shared_vocab, start_with_drafter, verify_drafts)
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import subtree
@@ -34,10 +35,12 @@ class DEERState(st.DecodeState):
 @struct.dataclass
 class DEER(Decoder):
   """Draft `block_size` tokens in one forward of a DEER `draft_model=` (a block-diffusion
-  drafter with the target's vocabulary, `mask_token_id` and `sep_token_id` set), verify them
-  with the target in one forward. `sampler` warps both p and q."""
+  drafter with the target's tokenizer, `mask_token_id` and `sep_token_id` set; its rows may
+  differ, e.g. method tokens past the target's), verify them with the target in one forward.
+  `sampler` warps both p and q; drafts are ids < `vocab` (as in `Speculative`)."""
   block_size: int = struct.field(pytree_node=False, default=4)
   sampler: object = struct.field(default_factory=Greedy)
+  vocab: int | None = struct.field(pytree_node=False, default=None)
   uses_draft_model = True
   State = DEERState
 
@@ -46,7 +49,7 @@ class DEER(Decoder):
     return self.block_size
 
   def validate(self, cfg, draft_cfg):
-    check_drafter("DEER", self.block_size, cfg, draft_cfg, "DEER block-diffusion drafter")
+    check_drafter("DEER", self, cfg, draft_cfg, "DEER block-diffusion drafter")
     for name in ("mask_token_id", "sep_token_id"):
       if getattr(draft_cfg, name) is None:
         raise ValueError(f"diffusion drafting needs a DEER drafter: the draft model's "
@@ -57,9 +60,9 @@ class DEER(Decoder):
     return start_with_drafter(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng,
                               eos_id, DEERState, lambda dcache: {"draft_cache": dcache})
 
-  def _draft(self, draft, state: DEERState, rng):
-    """One drafter forward. Returns (drafts [B, k], q [B, k, V] or None, drafter cache
-    holding the whole context)."""
+  def _draft(self, draft, state: DEERState, rng, rows: int):
+    """One drafter forward. Returns (drafts [B, k], q [B, k, rows] or None (rows: the
+    verifier's vocabulary), drafter cache holding the whole context)."""
     k, u_max = self.block_size, self.block_size + 1
     b = state.lengths.shape[0]
     cache = state.draft_cache
@@ -68,12 +71,14 @@ class DEER(Decoder):
     idx = cache.lengths[:, None] - state.prompt_lens[:, None] + jnp.arange(u_max)
     idx = jnp.clip(idx, 0, state.tokens.shape[1] - 1)
     valid = jnp.arange(u_max)[None] < unseen[:, None]
-    fresh = jnp.where(valid, jnp.take_along_axis(state.tokens, idx, 1), 0)
+    fresh = jnp.where(valid, drafter_ids(jnp.take_along_axis(state.tokens, idx, 1),
+                                         draft.cfg.vocab_size), 0)
     tokens, positions, mask = deer_layout.draft_inputs(
         fresh, cache.lengths[:, None] + jnp.arange(u_max), valid, end, k,
         draft.cfg.mask_token_id, draft.cfg.sep_token_id, cache.lengths, cache.slots)
     logits, kv = draft(tokens, positions, mask, cache)
-    drafts, q = self.sampler.draft(rng, logits[:, u_max + 1:])
+    shared = shared_vocab(self, draft.cfg, rows)
+    drafts, q = self.sampler.draft(rng, proposal_logits(logits[:, u_max + 1:], shared, rows))
     kv = ChunkKV(k=kv.k[:, :, :u_max], v=kv.v[:, :, :u_max])  # context tokens only
     src = jnp.broadcast_to(jnp.arange(u_max), (b, u_max))
     cache = commit(cache, kv, src, jnp.where(state.done, 0, unseen))
@@ -83,7 +88,7 @@ class DEER(Decoder):
     active = ~state.done
     rng, sub = jax.random.split(state.rng)
     state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
-    drafts, q, dcache = self._draft(draft, state, sub)
+    drafts, q, dcache = self._draft(draft, state, sub, fwd.cfg.vocab_size)
     state = state.replace(draft_forwards=state.draft_forwards + active)
     state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
     return state.replace(draft_cache=dcache)  # it holds only emitted tokens: no rollback

@@ -42,19 +42,48 @@ def start_with_drafter(decoder, fwd, draft, prompts, prompt_lens, max_new_tokens
   needed). `fields(draft_cache)` gives the decoder's own state fields."""
   k = decoder.block_size
   capacity = decoder.cache_capacity(prompts.shape[1], max_new_tokens)
-  dcache, _ = st.prefill(draft, prompts, prompt_lens, capacity)
+  dcache, _ = st.prefill(draft, drafter_ids(prompts, draft.cfg.vocab_size), prompt_lens,
+                         capacity)
   return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens, capacity=capacity,
                   chunk=k + 1, keep=k + 1, sampler=decoder.sampler, rng=rng, eos_id=eos_id,
                   cls=cls, **fields(dcache))
 
 
-def check_drafter(name: str, block_size, cfg, draft_cfg, what: str) -> None:
-  """Host checks every separate-drafter decoder shares: block_size >= 1 and a draft model
-  (`what` it is) with the verifier's vocabulary."""
-  if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-    raise ValueError(f"{name} needs block_size >= 1, got {block_size!r}")
+def check_drafter(name: str, decoder, cfg, draft_cfg, what: str) -> None:
+  """Host checks every separate-drafter decoder shares: block_size >= 1, a draft model
+  (`what` it is), and a shared vocabulary (`decoder.vocab`) that both models have rows for.
+  Row counts may differ (a tokenizer's padding rows, a drafter's method tokens): tokenizers
+  are compared where they are known (`loading.load_drafter`), never by row count."""
+  k = decoder.block_size
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"{name} needs block_size >= 1, got {k!r}")
   if draft_cfg is None:
     raise ValueError(f"{name} needs draft_model= (the {what} to draft with)")
-  if draft_cfg.vocab_size != cfg.vocab_size:
-    raise ValueError(f"{name} needs the drafter's vocabulary to be the verifier's: "
-                     f"draft vocab_size {draft_cfg.vocab_size} != {cfg.vocab_size}")
+  rows = min(cfg.vocab_size, draft_cfg.vocab_size)
+  if decoder.vocab is not None and not (
+      isinstance(decoder.vocab, int) and not isinstance(decoder.vocab, bool)
+      and 1 <= decoder.vocab <= rows):
+    raise ValueError(f"{name} vocab= must be an int in 1..{rows} (the verifier has "
+                     f"{cfg.vocab_size} rows, the drafter {draft_cfg.vocab_size}), got "
+                     f"{decoder.vocab!r}")
+
+
+def shared_vocab(decoder, draft_cfg, rows: int) -> int:
+  """Ids the drafter may propose: `decoder.vocab`, else the smaller row count."""
+  return decoder.vocab if decoder.vocab is not None else min(rows, draft_cfg.vocab_size)
+
+
+def proposal_logits(logits_xVd: jax.Array, shared: int, rows: int) -> jax.Array:
+  """The drafter's logits [..., Vd] in the verifier's index space [..., rows]: ids >= `shared`
+  (the drafter's extra rows cut, the verifier's padded) are -inf BEFORE sampling, so q, what
+  drafts are drawn from and verified with, has no mass there and is over p's ids. Cutting q
+  after sampling would not be exact (drafts past the cut, q no longer their distribution)."""
+  kept = logits_xVd[..., :shared].astype(jnp.float32)
+  pad = [(0, 0)] * (kept.ndim - 1) + [(0, rows - shared)]
+  return jnp.pad(kept, pad, constant_values=-jnp.inf)
+
+
+def drafter_ids(ids: jax.Array, draft_rows: int) -> jax.Array:
+  """Ids as the drafter embeds them: one it has no row for (the verifier emitted one of its
+  own padding rows) is fed as 0. Drafts only condition on it, so verification stays exact."""
+  return jnp.where(ids < draft_rows, ids, 0)

@@ -27,7 +27,8 @@ from paraflax import masks
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.decoding import state as st
 from paraflax.decoding.deer import DEER
-from paraflax.decoding.draft_verify import check_drafter, start_with_drafter, verify_drafts
+from paraflax.decoding.draft_verify import (check_drafter, drafter_ids, proposal_logits,
+                                            shared_vocab, start_with_drafter, verify_drafts)
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import subtree
@@ -50,10 +51,13 @@ def _pad_chunk(kv: ChunkKV, t: int) -> ChunkKV:
 
 @struct.dataclass
 class Speculative(Decoder):
-  """Draft `block_size` tokens with k forwards of a small AR `draft_model=` (same vocabulary
-  as the target), verify them with the target in one forward. `sampler` warps both p and q."""
+  """Draft `block_size` tokens with k forwards of a small AR `draft_model=` (same tokenizer
+  as the target; row counts may differ), verify them with the target in one forward.
+  `sampler` warps both p and q; the drafter proposes only ids < `vocab` (default: the smaller
+  row count; give the tokenizer's real size to keep drafts off padding rows)."""
   block_size: int = struct.field(pytree_node=False, default=4)
   sampler: object = struct.field(default_factory=Greedy)
+  vocab: int | None = struct.field(pytree_node=False, default=None)
   uses_draft_model = True
   State = SpeculativeState
 
@@ -78,7 +82,7 @@ class Speculative(Decoder):
     return self.block_size
 
   def validate(self, cfg, draft_cfg):
-    check_drafter("Speculative", self.block_size, cfg, draft_cfg, "small AR model")
+    check_drafter("Speculative", self, cfg, draft_cfg, "small AR model")
     self.sampler.validate()
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
@@ -86,13 +90,17 @@ class Speculative(Decoder):
         self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id, SpeculativeState,
         lambda dcache: {"draft_cache": dcache, "draft_pending": st.no_pending(dcache, _LAG, _LAG)})
 
-  def _draft(self, draft, state: SpeculativeState, rng):
-    """k drafter forwards. Returns (drafts [B, k], q [B, k, V] or None, drafter cache with
-    every call but the last committed, the last call's deferred commit)."""
+  def _draft(self, draft, state: SpeculativeState, rng, rows: int):
+    """k drafter forwards. Returns (drafts [B, k], q [B, k, rows] or None (rows: the
+    verifier's vocabulary), drafter cache with every call but the last committed, the last
+    call's deferred commit)."""
     k = self.block_size
+    shared = shared_vocab(self, draft.cfg, rows)
+    propose = lambda key, logits_BxVd: self.sampler.draft(
+        key, proposal_logits(logits_BxVd, shared, rows))
     b = state.lengths.shape[0]
     active = ~state.done
-    rows = jnp.arange(b)
+    batch = jnp.arange(b)
     cache = st.apply_pending(state.draft_cache, state.draft_pending)
     end = state.prompt_lens + state.lengths  # context length; slot i = position i
     # call 1: the emitted tokens the drafter has not cached (1 or 2), as one padded chunk
@@ -100,11 +108,12 @@ class Speculative(Decoder):
     idx = cache.lengths[:, None] - state.prompt_lens[:, None] + jnp.arange(_LAG)  # token index
     idx = jnp.clip(idx, 0, state.tokens.shape[1] - 1)
     chunk = jnp.where(jnp.arange(_LAG)[None] < unseen[:, None],
-                      jnp.take_along_axis(state.tokens, idx, 1), 0)
+                      drafter_ids(jnp.take_along_axis(state.tokens, idx, 1), draft.cfg.vocab_size),
+                      0)
     pos = cache.lengths[:, None] + jnp.arange(_LAG)
     mask = masks.over_cache(cache.lengths, cache.slots, masks.causal(unseen, _LAG))
     logits, kv = draft(chunk, pos, mask, cache)
-    d1, q1 = self.sampler.draft(jax.random.fold_in(rng, 0), logits[rows, unseen - 1])
+    d1, q1 = propose(jax.random.fold_in(rng, 0), logits[batch, unseen - 1])
     pending = st.PendingCommit(kv=kv, src=jnp.broadcast_to(jnp.arange(_LAG), (b, _LAG)),
                                count=jnp.where(active, unseen, 0))
     drafts = jnp.zeros((b, k), jnp.int32).at[:, 0].set(d1)
@@ -116,7 +125,7 @@ class Speculative(Decoder):
       tok = drafts[:, j - 1][:, None]
       logits, kv = draft(tok, (end + j - 1)[:, None], masks.decode(cache.lengths, cache.slots, 1),
                          cache)
-      d, qj = self.sampler.draft(jax.random.fold_in(rng, j), logits[:, 0])
+      d, qj = propose(jax.random.fold_in(rng, j), logits[:, 0])
       pending = st.PendingCommit(kv=_pad_chunk(kv, _LAG), src=jnp.zeros((b, _LAG), jnp.int32),
                                  count=active.astype(jnp.int32))
       drafts = drafts.at[:, j].set(d)
@@ -129,7 +138,7 @@ class Speculative(Decoder):
     active = ~state.done
     rng, sub = jax.random.split(state.rng)
     state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
-    dcache, dpending, drafts, q = self._draft(draft, state, sub)
+    dcache, dpending, drafts, q = self._draft(draft, state, sub, fwd.cfg.vocab_size)
     state = state.replace(draft_forwards=state.draft_forwards + self.block_size * active)
     state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
     # roll the drafter back to the emitted prefix that the target has cached: the context

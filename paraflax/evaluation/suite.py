@@ -14,7 +14,7 @@ from paraflax.evaluation import infill_bench as ib
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts
 from paraflax.evaluation.methods import bench_methods, infill_methods
 from paraflax.evaluation.quality import heldout_batches, heldout_loss, heldout_metrics
-from paraflax.loading import load_model, load_related
+from paraflax.loading import load_drafter, load_model, load_related
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,10 @@ def run(models: Models, s: Settings, log=print) -> list:
   """Bench every method the models allow, `log` the tables and quality lines, write
   `s.json` (and the plots) when set; returns the rows."""
   model, tok, encode = load_model(models.workdir, models.hf)
-  loaded = lambda fields: {
-      name: load_related(getattr(models, f), tok, model.cfg.vocab_size, _flag(f))
-      for name, f in fields.items() if getattr(models, f)}
-  others, drafters = loaded(OTHER_WEIGHTS), loaded(DRAFTERS)
+  others = {name: load_related(getattr(models, f), tok, model.cfg.vocab_size, _flag(f))
+            for name, f in OTHER_WEIGHTS.items() if getattr(models, f)}
+  drafters = {name: load_drafter(getattr(models, f), None, tok)  # same tokenizer, any rows
+              for name, f in DRAFTERS.items() if getattr(models, f)}
   max_prompt = min(s.max_prompt_tokens, model.cfg.max_seq_len - s.max_new_tokens)
   prompts = humaneval_prompts(encode, s.prompts, max_prompt)
   rows = bench.run_bench(model, prompts, bench_methods(others, drafters),

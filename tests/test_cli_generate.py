@@ -126,7 +126,7 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path, hf_dir):
       (["--decoder", "speculative"], "--decoder speculative needs a draft model: --draft DIR"),
       (["--decoder", "deer"], "--decoder deer needs a draft model: --draft DIR"),
       (["--decoder", "jacobi", "--ngram", "2"], "--ngram does not apply to the jacobi decoder"),
-      (["--decoder", "speculative", "--draft", str(other)], "does not share the model's tokenizer"),
+      (["--decoder", "speculative", "--draft", str(other)], "has another tokenizer than the model"),
       (["--draft", str(tmp_path / "neither"), "--decoder", "deer"],
        "expected a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "
        "(config.json + *.safetensors)"),

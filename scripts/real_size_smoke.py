@@ -212,17 +212,6 @@ def random_model(cfg, seed: int = 0):
   return nnx.merge(*init_params(cfg, seed))
 
 
-def best_of(fn, repeats: int) -> float:
-  """Fastest of `repeats` warm calls, seconds."""
-  import jax
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return min(times)
-
-
 def slot_costs(model, args) -> list[dict]:
   """Seconds of a k-slot forward over a cache holding `--cache-len` tokens, each k: best of
   `--repeats` rounds, each round timing every width once (so a burst of load from other jobs
@@ -233,6 +222,7 @@ def slot_costs(model, args) -> list[dict]:
   from paraflax import masks
   from paraflax.cache import init_cache
   from paraflax.decoding import state as st
+  from paraflax.evaluation.overhead import best_of
   fwd = st.Forward.of(model)
   widths = [(k, "causal", k) for k in SLOTS] + [(k + k * k, "tidar", k) for k in TIDAR_K]
   cache = init_cache(model.cfg, 1, args.cache_len + max(w for w, _, _ in widths))
@@ -274,6 +264,7 @@ def decoder_table(args):
 def timed(fn, repeats: int) -> tuple[object, float, float]:
   """(result, first call seconds (compile included), best of `repeats` warm calls)."""
   import jax
+  from paraflax.evaluation.overhead import best_of
   t0 = time.perf_counter()
   out = jax.block_until_ready(fn())
   return out, time.perf_counter() - t0, best_of(fn, repeats)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import micro_model
 from flax import nnx
-from test_speculative import PROMPTS
+from test_speculative import PROMPTS, drafted_samples
 from test_verify import assert_samples_the_joint, chi_square_pvalue, enumerated_ar_joint
 
 import paraflax as pf
@@ -127,12 +127,7 @@ def test_stochastic_drafter_with_extra_rows_samples_the_ar_joint(monkeypatch, fr
   joint = enumerated_ar_joint(model, sampler, prompt, n_new)
   dec = (pf.decoders.DEER if kind == "diffusion" else pf.decoders.Speculative)(2, sampler)
 
-  def sample():
-    out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
-                      rng=jax.random.key(0), draft_model=drafter)
-    acc = np.asarray(out.accepted)
-    assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
-    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
+  sample = lambda: drafted_samples(model, drafter, dec, prompt, n_new, rows, v)
 
   if kind == "ar":  # the control (a biased residual is rejected) once; it costs a 2nd run
     assert_samples_the_joint(sample, joint, monkeypatch, "AR drafter with extra rows")

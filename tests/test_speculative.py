@@ -181,16 +181,20 @@ def test_stochastic_speculative_samples_the_ar_joint(monkeypatch, kind):
   joint = enumerated_ar_joint(model, sampler, prompt, n_new)
   dec = (pf.decoders.DEER if kind == "diffusion" else pf.decoders.Speculative)(2, sampler)
 
-  def sample():
-    out = pf.generate(model, [prompt] * rows, decoder=dec, max_new_tokens=n_new,
-                      rng=jax.random.key(0), draft_model=drafter)
-    acc = np.asarray(out.accepted)
-    # step 1 emits 1 (first draft rejected), 2 (second rejected) or 3 (both accepted): step
-    # 2's AR drafter gets the 2-token catch-up chunk, DEER's re-feeds 1, 2 or 3 tokens
-    assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
-    return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
-
+  sample = lambda: drafted_samples(model, drafter, dec, prompt, n_new, rows, v)
   assert_samples_the_joint(sample, joint, monkeypatch, f"speculative decoding ({kind})")
+
+
+def drafted_samples(model, drafter, decoder, prompt, n_new: int, rows: int, v: int):
+  """Flat indices (over v ** n_new) of `rows` sampled continuations of `prompt`, drafted by
+  `drafter` with `decoder` (k = 2)."""
+  out = pf.generate(model, [prompt] * rows, decoder=decoder, max_new_tokens=n_new,
+                    rng=jax.random.key(0), draft_model=drafter)
+  acc = np.asarray(out.accepted)
+  # step 1 emits 1 (first draft rejected), 2 (second rejected) or 3 (both accepted): step
+  # 2's AR drafter gets the 2-token catch-up chunk, DEER's re-feeds 1, 2 or 3 tokens
+  assert all(np.any(acc[:, 0] == c) for c in (1, 2, 3)), np.bincount(acc[:, 0])
+  return np.ravel_multi_index(tuple(np.asarray(out.tokens).T), (v,) * n_new)
 
 
 # --- DEER: a block-diffusion drafter (one forward drafts the whole block) ---

@@ -25,7 +25,8 @@ class OverheadResult:
   ratio: float
 
 
-def _best(fn, repeats):
+def best_of(fn, repeats: int) -> float:
+  """Fastest of `repeats` warm calls of `fn`, seconds."""
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -45,7 +46,7 @@ def measure(cfg: ModelConfig, batch: int = 1, prompt_len: int = 64, new_tokens: 
   run = lambda: generate(model, prompts, max_new_tokens=new_tokens, prompt_lengths=lengths,
                          max_prompt_len=prompt_len).tokens
   prefill = jax.jit(lambda f, p, n: st.prefill(f, p, n, capacity))
-  loop_s = _best(run, repeats) - _best(lambda: prefill(fwd, prompts, lengths), repeats)
+  loop_s = best_of(run, repeats) - best_of(lambda: prefill(fwd, prompts, lengths), repeats)
 
   cache = init_cache(cfg, batch, capacity).replace(lengths=jnp.full((batch,), capacity // 2))
   mask = masks.decode(cache.lengths, cache.slots, 1)
@@ -60,6 +61,6 @@ def measure(cfg: ModelConfig, batch: int = 1, prompt_len: int = 64, new_tokens: 
       return acc + logits[:, 0, 0]
     return jax.lax.fori_loop(0, steps, body, jnp.zeros((batch,), jnp.float32))
 
-  fwd_s = _best(lambda: bare(fwd, cache), repeats) / steps
+  fwd_s = best_of(lambda: bare(fwd, cache), repeats) / steps
   loop_tok = loop_s / steps
   return OverheadResult(loop_tok * 1e3, fwd_s * 1e3, loop_tok / fwd_s)

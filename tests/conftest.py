@@ -1,5 +1,10 @@
 """Shared test setup: float32 'highest' matmuls and micro models with well-separated logits."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -63,3 +68,16 @@ class StubTokenizer:
 @pytest.fixture(scope="session")
 def model():
   return micro_model()
+
+
+def run_cases_on_devices(cases: Path, devices: int = 8, timeout: int = 480) -> None:
+  """Run the test file `cases` in a pytest subprocess with `devices` forced CPU devices (the
+  flag must be set before JAX starts); fail with its output unless every case passed."""
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
+      check=False, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True,
+      text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+  assert " passed" in proc.stdout and "failed" not in proc.stdout

@@ -3,13 +3,11 @@
 collected on (2, 2, 2) and (1, 8, 1) meshes equal the single-device stores; and two processes
 (2 CPU devices each) filling one store, each writing its own rows, equal one device."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from conftest import run_cases_on_devices
 from test_multihost import run_two
 
 from paraflax import cli
@@ -56,14 +54,7 @@ def test_the_mesh_flag_takes_what_train_set_mesh_takes():
 
 @pytest.mark.slow
 def test_stores_collected_on_eight_devices_equal_one_device():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-       str(HERE / "collect_mesh_cases.py")],
-      check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
-  assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-  assert " passed" in proc.stdout and "failed" not in proc.stdout
+  run_cases_on_devices(HERE / "collect_mesh_cases.py")
 
 
 @pytest.mark.slow

@@ -4,15 +4,12 @@ devices, `sharding_cases.py`) sharded training, generation and checkpoints equal
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import MICRO
+from conftest import MICRO, run_cases_on_devices
 from flax import nnx, struct
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
@@ -125,14 +122,7 @@ def test_distributed_settings_come_from_arguments_then_environment():
 def test_sharded_runs_on_eight_devices_equal_one_device():
   """Runs `sharding_cases.py` (train step, AR + PromptLookup generate, cache specs,
   checkpoints across meshes, the trainer under a mesh) with 8 forced CPU devices."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-       str(HERE / "sharding_cases.py")],
-      check=False, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=480)
-  assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-  assert " passed" in proc.stdout and "failed" not in proc.stdout
+  run_cases_on_devices(HERE / "sharding_cases.py")
 
 
 # ---------------------------------------------------------------- the meshes users make

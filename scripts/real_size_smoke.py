@@ -129,21 +129,18 @@ def param_sample(params) -> list[np.ndarray]:
   return [np.asarray(jax.device_get(x.ravel()[:256])) for x in jax.tree.leaves(params)]
 
 
-def compile_step(cfg, tx, params, opt_state, batch, key) -> tuple:
+def compile_step(cfg, graphdef, tx, params, opt_state, batch, key) -> tuple:
   """(compiled `jit_train_step` of `cfg`, compile seconds, XLA bytes: arguments + outputs -
   aliased (donated) + temporaries, temporaries)."""
-  from paraflax.training.dry_run import abstract_state
+  from paraflax.training.dry_run import memory_report
   from paraflax.training.objectives import objective
   from paraflax.training.step import jit_train_step
-  graphdef = abstract_state(cfg)[0]  # remat / scan_layers live in the graph's config
   step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx)
   t0 = time.perf_counter()
   compiled = step.lower(params, opt_state, batch, key).compile()
   seconds = time.perf_counter() - t0
-  m = compiled.memory_analysis()
-  need = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-          + m.temp_size_in_bytes)
-  return compiled, seconds, need, m.temp_size_in_bytes
+  memory = memory_report(compiled)
+  return compiled, seconds, memory["total_bytes"], memory["temp_bytes"]
 
 
 def run_settings(cfg) -> dict:
@@ -162,7 +159,7 @@ def train_one(name: str, args) -> dict:
   report = {"objective": name, "config": f"configs/{CONFIGS[name]}.py",
             "layers": cfg.model.n_layers, "seq_len": cfg.data.seq_len}
   t0 = time.perf_counter()
-  _, params = init_params(cfg.model, seed=0)
+  graphdef, params = init_params(cfg.model, seed=0)  # its config: remat, scan_layers
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.block_until_ready(init_opt_state(tx, params))
   report["params"] = int(sum(x.size for x in jax.tree.leaves(params)))
@@ -170,7 +167,8 @@ def train_one(name: str, args) -> dict:
   batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(cfg).items()}
   report["batch"] = {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()}
   key = jax.random.key(0)
-  compiled, report["compile_s"], need, temp = compile_step(cfg, tx, params, opt_state, batch, key)
+  compiled, report["compile_s"], need, temp = compile_step(cfg, graphdef, tx, params, opt_state,
+                                                           batch, key)
   report.update(run_settings(cfg), xla_temp_gib=temp / GIB, xla_total_gib=need / GIB)
   if need > args.max_gib * GIB:
     return {**report, "skipped": f"XLA needs {need / GIB:.1f} GiB > --max-gib {args.max_gib}",
@@ -438,7 +436,8 @@ def parse(argv=None):
                  help="filled cache slots of the slot-cost forwards")
   p.add_argument("--prompt-len", type=int, default=64, help="generate: prompt tokens")
   p.add_argument("--new-tokens", type=int, default=16, help="generate: new tokens")
-  p.add_argument("--repeats", type=int, default=3, help="slot cost and generate: best of this many warm calls")
+  p.add_argument("--repeats", type=int, default=3,
+                 help="slot cost and generate: best of this many warm calls")
   p.add_argument("--out", default="runs/real_size_smoke", help="where the JSON and PNG go")
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)

@@ -61,6 +61,18 @@ def abstract_state(cfg: TrainConfig, mesh=None):
   return graphdef, params, tx, opt_state
 
 
+def memory_report(compiled) -> dict[str, int]:
+  """Bytes per device of a compiled function (`MEMORY` keys the backend reports) and
+  `total_bytes` = arguments + outputs - aliased (donated) + temporaries."""
+  stats = compiled.memory_analysis()
+  memory = {k: int(getattr(stats, a)) for k, a in MEMORY.items()
+            if stats is not None and getattr(stats, a, None) is not None}
+  if {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"} <= set(memory):
+    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
+                             - memory["alias_bytes"] + memory["temp_bytes"])
+  return memory
+
+
 def dry_run(cfg: TrainConfig) -> dict:
   """Compile one training step of `cfg` (abstract shapes, on its mesh) and return its
   report: params (count), devices, mesh, objective, batch_size, seq_len, memory per device
@@ -80,12 +92,6 @@ def dry_run(cfg: TrainConfig) -> dict:
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  stats = compiled.memory_analysis()
-  memory = {k: int(getattr(stats, a)) for k, a in MEMORY.items()
-            if stats is not None and getattr(stats, a, None) is not None}
-  if {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"} <= set(memory):
-    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
-                             - memory["alias_bytes"] + memory["temp_bytes"])
   return {"objective": cfg.objective, "data_source": cfg.data_source,
           "params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
           "devices": 1 if mesh is None else mesh.size,
@@ -95,7 +101,7 @@ def dry_run(cfg: TrainConfig) -> dict:
           "grad_accum": cfg.grad_accum,
           "batch": {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()},
           "model_dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
-          **memory, "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}
+          **memory_report(compiled), "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}
 
 
 def dry_run_from_config_path(config_path, overrides: dict | None = None) -> dict:

@@ -37,6 +37,13 @@ class DataConfig:
   cache_dir: str = "~/.cache/paraflax/data"
   max_files: int | None = None  # per split; None: the whole corpus
   progress: bool = True  # tqdm bars while tokenizing
+  # a model directory (Hugging Face checkpoint, training workdir, `paraflax convert` output)
+  # whose tokenizer encodes the data; None: a BPE trained on the train split (`vocab_size`)
+  tokenizer: str | None = None
+  # with `tokenizer`: the method tokens (TiDAR/DEER/AS-ARM <mask>, DEER <sep>) by their strings,
+  # a token the tokenizer has (Qwen's reserved "<|fim_pad|>") or a new one it gains
+  mask_token: str | None = None
+  sep_token: str | None = None
 
   def __post_init__(self):
     if self.seq_len < 2:
@@ -47,6 +54,11 @@ class DataConfig:
       raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
     if not 0.0 <= self.val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+    for name in ("tokenizer", "mask_token", "sep_token"):
+      if getattr(self, name) is not None and not getattr(self, name):
+        raise ValueError(f"data.{name} must be a non-empty string or None")
+    if self.mask_token is not None and self.mask_token == self.sep_token:
+      raise ValueError(f"data.mask_token and data.sep_token are both {self.mask_token!r}")
     if self.max_files is not None and self.max_files < 1:
       raise ValueError(f"max_files must be a positive integer or None, got {self.max_files}")
 

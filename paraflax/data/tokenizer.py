@@ -58,6 +58,21 @@ class Tokenizer:
     self.mask_id: int | None = hf.token_to_id(roles["mask"])
     self.sep_id: int | None = hf.token_to_id(roles["sep"])
 
+  def with_special_tokens(self, roles: Mapping[str, str]) -> Tokenizer:
+    """A copy whose `roles` ({"mask": "<mask>", "sep": "<|fim_pad|>"}) are these tokens: one the
+    vocabulary has keeps its id; a missing one is added as a special token at the next id.
+    The other roles are kept. `self` is unchanged."""
+    hf = tokenizers.Tokenizer.from_str(self._hf.to_str())
+    missing = [t for t in dict.fromkeys(roles.values()) if hf.token_to_id(t) is None]
+    if missing:
+      hf.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                             for t in missing])
+    named = {role: self._hf.id_to_token(i) for role, i in
+             (("pad", self.pad_id), ("eos", self.eos_id), ("mask", self.mask_id),
+              ("sep", self.sep_id)) if i is not None}
+    return Tokenizer(hf, special_tokens={**named, **roles},
+                     encode_special_tokens=self._hf.encode_special_tokens)
+
   @property
   def vocab_size(self) -> int:
     """Number of ids, special tokens included (max id + 1)."""

@@ -206,7 +206,7 @@ RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_ever
                          "model.loss_chunk", "grad_accum"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
-PATH_FIELDS = ("init_from", "data_source_args.path")
+PATH_FIELDS = ("init_from", "data_source_args.path", "data.tokenizer")
 
 
 def _get(cfg: TrainConfig, dotted: str):

@@ -148,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "or HF dir")
 
   def bench_flags(q):
-    q.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts")
+    q.add_argument("--prompts", type=int, default=8, help="number of prompts (HumanEval's, "
+                   "or the first of --prompts-file)")
+    q.add_argument("--prompts-file", metavar="FILE.jsonl", help="bench on these prompts "
+                   "({\"prompt\": TEXT} or chat {\"messages\": [...]} records) instead of "
+                   "HumanEval's (no pass@1 then)")
     _ints(q, max_new_tokens=64, max_prompt_tokens=192, batch_size=4)
     q.add_argument("--json", default=None, help="write per-method results to this file, and "
                    "the plots (bench_speed.png, bench_accepted.png) beside it")

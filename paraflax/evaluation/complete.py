@@ -69,7 +69,7 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
                      f"--decoder {decoder} needs a draft model: --draft DIR")
   drafter_dirs = resolve(draft) if draft else None  # a wrong directory: before any loading
   model, tok, encode = load_model(workdir, hf)
-  ids = [_encode(p, chat, tok, encode, workdir or hf) for p in prompts]
+  ids = [prompt_ids(p, chat, tok, encode, workdir or hf) for p in prompts]
   drafter = load_drafter(*drafter_dirs, tok) if draft else None
   if drafter is not None:  # drafts stay off padding rows and method tokens past the tokenizer
     dec = dataclasses.replace(dec, vocab=shared_vocab(tok, model, drafter))
@@ -85,7 +85,7 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
           for i, (p, r) in enumerate(zip(prompts, rows))], seconds
 
 
-def _encode(prompt, chat: bool, tok, encode, path) -> list[int]:
+def prompt_ids(prompt, chat: bool, tok, encode, path) -> list[int]:
   """Token ids of a text (as a user turn with `chat`) or of chat messages (the template's)."""
   if chat or not isinstance(prompt, str):
     from paraflax.hf.chat import chat_prompt

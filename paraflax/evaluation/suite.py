@@ -11,6 +11,7 @@ import numpy as np
 from paraflax.data.humaneval import load_humaneval
 from paraflax.evaluation import bench
 from paraflax.evaluation import infill_bench as ib
+from paraflax.evaluation.complete import prompt_ids, read_prompts
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts
 from paraflax.evaluation.methods import bench_methods, infill_methods
 from paraflax.evaluation.quality import heldout_batches, heldout_loss, heldout_metrics
@@ -38,6 +39,8 @@ class Settings:
   infill_windows: int = 64  # held-out windows of the AS-ARM's 95%-masking generation task
   infill_length: int = 128  # tokens per such window
   json: str | None = None  # per-method results; the plots go beside it
+  prompts_file: str | None = None  # the user's prompts (JSONL: prompt or messages) for HumanEval's
+  eval_data: str | None = None  # the user's JSONL: held-out loss of every weights on it
 
 
 OTHER_WEIGHTS = {"jf": "jf_workdir", "tidar": "tidar_workdir"}  # weights name -> Models field
@@ -75,17 +78,24 @@ def run(models: Models, s: Settings, log=print) -> list:
   drafters = {name: load_drafter(getattr(models, f), None, tok)  # same tokenizer, any rows
               for name, f in DRAFTERS.items() if getattr(models, f)}
   max_prompt = min(s.max_prompt_tokens, model.cfg.max_seq_len - s.max_new_tokens)
-  prompts = humaneval_prompts(encode, s.prompts, max_prompt)
+  if s.prompts_file:  # the user's: the first `s.prompts` records, their last max_prompt tokens
+    texts = read_prompts(prompts_file=s.prompts_file)[:s.prompts]
+    prompts = [prompt_ids(p, False, tok, encode, models.workdir or models.hf)[-max_prompt:]
+               for p in texts]
+  else:
+    prompts = humaneval_prompts(encode, s.prompts, max_prompt)
   rows = bench.run_bench(model, prompts, bench_methods(others, drafters),
                          max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
                          eos_id=tok.eos_id)
   log(bench.format_table(rows))
   weights = {"base": model, **others}
-  quality = {w: {"humaneval_pass_at_1": greedy_pass_at_1(m, tok, prompts, s.max_new_tokens)}
-             for w, m in weights.items()}
-  log(f"HumanEval pass@1 (greedy AR of each weights = every exact method's output; "
-      f"{len(prompts)} problems, {s.max_new_tokens} tokens): " + ", ".join(
-          f"{w} {q['humaneval_pass_at_1']:.2f}" for w, q in quality.items()))
+  quality = {w: {} for w in weights}
+  if not s.prompts_file:  # HumanEval's tests judge HumanEval's prompts only
+    for w, m in weights.items():
+      quality[w]["humaneval_pass_at_1"] = greedy_pass_at_1(m, tok, prompts, s.max_new_tokens)
+    log(f"HumanEval pass@1 (greedy AR of each weights = every exact method's output; "
+        f"{len(prompts)} problems, {s.max_new_tokens} tokens): " + ", ".join(
+            f"{w} {q['humaneval_pass_at_1']:.2f}" for w, q in quality.items()))
   if others:  # other weights than the base: how much did quality move?
     val = heldout_batches(tok)
     for w, m in weights.items():

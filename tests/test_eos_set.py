@@ -15,7 +15,7 @@ from conftest import micro_model
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.decoding import checks
 from paraflax.decoding.generate import TRACES
-from paraflax.hf import export_hf, load_hf_tokenizer
+from paraflax.hf import convert_hf, export_hf, load_hf_tokenizer
 from paraflax.hf.chat import chat_template
 
 PROMPTS = [[3, 6, 9], [40, 41, 42, 43, 44, 45, 0, 1, 2], [11], [5, 9, 30, 7, 5, 22]]
@@ -195,12 +195,15 @@ def test_constructor_validates_eos_ids():
     Tokenizer(backend, eos_ids=[END, 36])
 
 
-def test_export_writes_every_eos_id_and_the_chat_template(hf_dir, tmp_path):
+def test_export_and_convert_keep_every_eos_id_and_the_chat_template(target, hf_dir, tmp_path):
   tok = load_hf_tokenizer(hf_dir)
-  out = export_hf(micro_model(seed=1, n_layers=1, d_model=16), tmp_path / "out", tok)
+  out = export_hf(target, tmp_path / "out", tok)
   gen = json.loads((out / "generation_config.json").read_text())
   cfg = json.loads((out / "config.json").read_text())
   assert gen["eos_token_id"] == cfg["eos_token_id"] == [END, EOM, EOT]
   assert gen["bos_token_id"] == BOS
   back = load_hf_tokenizer(out)
   assert _roles(back) == _roles(tok) and chat_template(out) == TEMPLATE
+  convert_hf(out, tmp_path / "conv")  # a workdir load_trained reads, with the same roles
+  assert _roles(Tokenizer.load(tmp_path / "conv")) == _roles(tok)
+  assert chat_template(tmp_path / "conv") == TEMPLATE

@@ -9,6 +9,10 @@ byte-level decoder make `decode(encode(s)) == s` for every string `s`. Special-t
 strings that occur inside text are encoded as ordinary text by default
 (`encode_special_tokens=True`), so `encode` never emits a special id from text and
 "<eos>" written in a source file stays literal.
+
+Any tokenizer (a Hugging Face checkpoint's too) carries its roles: every EOS id, PAD, BOS,
+mask, sep and the chat template, kept in Hugging Face's own files beside tokenizer.json
+(`tokenizer_roles`): `load` reads them, `save` writes them unless they are the defaults above.
 """
 
 from __future__ import annotations

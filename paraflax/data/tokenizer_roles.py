@@ -56,24 +56,26 @@ def _ids(value, backend: tokenizers.Tokenizer) -> list[int]:
   return list(dict.fromkeys(out))
 
 
+def _first(sources, backend: tokenizers.Tokenizer) -> list[int]:
+  """The ids of the first of `sources` that names any (they are in order of precedence)."""
+  return next((ids for ids in (_ids(v, backend) for v in sources) if ids), [])
+
+
 def read_roles(root: str | epath.PathLike, backend: tokenizers.Tokenizer) -> Roles:
   """The roles the files in directory `root` give the vocabulary of `backend`."""
   root = epath.Path(root)
   gen, cfg, tok = (_json(root / n) for n in (GENERATION_CONFIG, "config.json", TOKENIZER_CONFIG))
-  tokens, eos = {}, []
-  for role in ("eos", "pad", "bos", "mask", "sep"):
-    sources = ((gen.get(f"{role}_token_id"), cfg.get(f"{role}_token_id"))
-               if role in ("eos", "pad", "bos") else ())
-    for source in (*sources, tok.get(f"{role}_token")):
-      ids = _ids(source, backend)
-      if ids and role == "eos":
-        eos = ids
-      elif ids:
-        tokens[role] = backend.id_to_token(ids[0])
-      if ids:
-        break
+  configs = lambda role: (gen.get(f"{role}_token_id"), cfg.get(f"{role}_token_id"),
+                          tok.get(f"{role}_token"))
+  tokens = {}
+  for role in ("pad", "bos", "mask", "sep"):  # HF model configs name no mask / sep ids
+    ids = _first(configs(role) if role in ("pad", "bos") else [tok.get(f"{role}_token")],
+                 backend)
+    if ids:
+      tokens[role] = backend.id_to_token(ids[0])
   split = tok.get("split_special_tokens")
-  return Roles(tokens=tokens, eos_ids=tuple(eos), chat_template=_chat_template(root),
+  return Roles(tokens=tokens, eos_ids=tuple(_first(configs("eos"), backend)),
+               chat_template=_chat_template(root),
                split_special_tokens=split if isinstance(split, bool) else None)
 
 

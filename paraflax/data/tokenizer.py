@@ -9,11 +9,16 @@ byte-level decoder make `decode(encode(s)) == s` for every string `s`. Special-t
 strings that occur inside text are encoded as ordinary text by default
 (`encode_special_tokens=True`), so `encode` never emits a special id from text and
 "<eos>" written in a source file stays literal.
+
+Any tokenizer (a Hugging Face checkpoint's too) carries its roles: every EOS id, PAD, BOS,
+mask, sep and the chat template, kept in Hugging Face's own files beside tokenizer.json
+(`tokenizer_roles`): `load` reads them, `save` writes them unless they are the defaults above.
 """
 
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,19 +28,41 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from paraflax.data.tokenizer_roles import read_roles, write_roles
 from paraflax.json_io import write_atomic
 
 PAD, EOS, MASK, SEP = "<pad>", "<eos>", "<mask>", "<sep>"
 SPECIAL_TOKENS = (PAD, EOS, MASK, SEP)  # ids 0, 1, 2, 3 in trained tokenizers
-_ROLES = {"pad": PAD, "eos": EOS, "mask": MASK, "sep": SEP}
+_ROLES = {"pad": PAD, "eos": EOS, "mask": MASK, "sep": SEP, "bos": None}  # role -> default
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte + the specials
+
+
+def _role_ids(hf: tokenizers.Tokenizer, special_tokens: Mapping[str, str] | None) -> dict:
+  """role -> id (None: the vocabulary lacks the token) with `special_tokens` over the defaults."""
+  roles = dict(_ROLES)
+  for role, token in (special_tokens or {}).items():
+    if role not in _ROLES:
+      raise ValueError(f"unknown special-token role {role!r}; expected {sorted(_ROLES)}")
+    roles[role] = token
+  return {role: None if token is None else hf.token_to_id(token) for role, token in roles.items()}
+
+
+def _check_eos_ids(eos_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+  ids = list(eos_ids)
+  bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)
+         or not 0 <= i < vocab_size]
+  if bad:
+    raise ValueError(f"eos_ids {bad[:5]} are not ids of the vocabulary [0, {vocab_size})")
+  return tuple(dict.fromkeys(int(i) for i in ids))
 
 
 class Tokenizer:
   """Thin wrapper over a `tokenizers.Tokenizer` exposing the ids the library needs.
 
-  `pad_id`, `eos_id`, `mask_id`, `sep_id` are ints, or None when the wrapped
-  vocabulary has no such token (common for Hugging Face checkpoints' tokenizers).
+  `pad_id`, `eos_id`, `bos_id`, `mask_id`, `sep_id` are ints, or None when the wrapped
+  vocabulary has no such token (common for Hugging Face checkpoints' tokenizers). `eos_ids`
+  holds every EOS id (Llama-3.1-Instruct has three; `eos_id` is the first), `chat_template`
+  the checkpoint's Jinja chat template or None.
   """
 
   def __init__(
@@ -44,34 +71,53 @@ class Tokenizer:
     *,
     special_tokens: Mapping[str, str] | None = None,
     encode_special_tokens: bool = True,
+    eos_ids: Sequence[int] | None = None,
+    chat_template: str | None = None,
   ):
-    roles = dict(_ROLES)
-    for role, token in (special_tokens or {}).items():
-      if role not in _ROLES:
-        raise ValueError(f"unknown special-token role {role!r}; expected {sorted(_ROLES)}")
-      roles[role] = token
+    """`special_tokens` maps roles (pad, eos, bos, mask, sep) to token strings; `eos_ids`,
+    when given, are every EOS id (the "eos" role then is their first)."""
+    ids = _role_ids(hf, special_tokens)
     self._hf = hf
     # Not stored in tokenizer.json, so it is set on every load.
     self._hf.encode_special_tokens = encode_special_tokens
-    self.pad_id: int | None = hf.token_to_id(roles["pad"])
-    self.eos_id: int | None = hf.token_to_id(roles["eos"])
-    self.mask_id: int | None = hf.token_to_id(roles["mask"])
-    self.sep_id: int | None = hf.token_to_id(roles["sep"])
+    self.pad_id: int | None = ids["pad"]
+    self.bos_id: int | None = ids["bos"]
+    self.mask_id: int | None = ids["mask"]
+    self.sep_id: int | None = ids["sep"]
+    if eos_ids is None:
+      eos_ids = () if ids["eos"] is None else (ids["eos"],)
+    self.eos_ids: tuple[int, ...] = _check_eos_ids(eos_ids, self.vocab_size)
+    self.eos_id: int | None = self.eos_ids[0] if self.eos_ids else None
+    self.chat_template: str | None = chat_template
+
+  def _roles(self) -> tuple:
+    return (self.pad_id, self.eos_ids, self.bos_id, self.mask_id, self.sep_id,
+            self.chat_template)
+
+  def has_default_roles(self) -> bool:
+    """Whether tokenizer.json alone gives these roles (`<pad>`, `<eos>`, `<mask>`, `<sep>` by
+    name, no BOS, no chat template): then `save` writes tokenizer.json only."""
+    ids = _role_ids(self._hf, None)
+    default = (ids["pad"], () if ids["eos"] is None else (ids["eos"],), ids["bos"],
+               ids["mask"], ids["sep"], None)
+    return self._roles() == default
 
   def with_special_tokens(self, roles: Mapping[str, str]) -> Tokenizer:
     """A copy whose `roles` ({"mask": "<mask>", "sep": "<|fim_pad|>"}) are these tokens: one the
     vocabulary has keeps its id; a missing one is added as a special token at the next id.
-    The other roles are kept. `self` is unchanged."""
+    The other roles (every EOS id, BOS, the chat template) are kept. `self` is unchanged."""
     hf = tokenizers.Tokenizer.from_str(self._hf.to_str())
     missing = [t for t in dict.fromkeys(roles.values()) if hf.token_to_id(t) is None]
     if missing:
       hf.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                              for t in missing])
     named = {role: self._hf.id_to_token(i) for role, i in
-             (("pad", self.pad_id), ("eos", self.eos_id), ("mask", self.mask_id),
-              ("sep", self.sep_id)) if i is not None}
+             (("pad", self.pad_id), ("mask", self.mask_id), ("sep", self.sep_id),
+              ("bos", self.bos_id)) if i is not None}
     return Tokenizer(hf, special_tokens={**named, **roles},
-                     encode_special_tokens=self._hf.encode_special_tokens)
+                     encode_special_tokens=self._hf.encode_special_tokens,
+                     eos_ids=None if "eos" in roles else self.eos_ids,
+                     chat_template=self.chat_template)
 
   @property
   def vocab_size(self) -> int:
@@ -108,12 +154,17 @@ class Tokenizer:
     return hashlib.sha1(self._hf.to_str().encode("utf-8")).hexdigest()
 
   def save(self, path: str | os.PathLike) -> epath.Path:
-    """Write `tokenizer.json` (to `path`, or into it if it is a directory; local or `gs://`)."""
+    """Write `tokenizer.json` (to `path`, or into it if it is a directory; local or `gs://`),
+    and, unless `has_default_roles()`, the roles beside it in Hugging Face's files
+    (generation_config.json, tokenizer_config.json: `tokenizer_roles`), so that `load` and
+    transformers read this tokenizer back."""
     path = epath.Path(path)
     if path.is_dir():
       path = path / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, self._hf.to_str(pretty=True))  # readers never see a half-written file
+    if not self.has_default_roles():
+      write_roles(path.parent, self)
     return path
 
   @classmethod
@@ -122,13 +173,16 @@ class Tokenizer:
     path: str | os.PathLike,
     *,
     special_tokens: Mapping[str, str] | None = None,
-    encode_special_tokens: bool = True,
+    encode_special_tokens: bool | None = None,
   ) -> Tokenizer:
-    """Wrap any `tokenizers` JSON file (ours or a Hugging Face checkpoint's).
+    """Wrap any `tokenizers` JSON file (ours or a Hugging Face checkpoint's), with the roles
+    the Hugging Face files beside it name (`tokenizer_roles.read_roles`: every EOS id, PAD,
+    BOS, mask, sep, the chat template); a role they do not name keeps its default token.
 
-    `special_tokens` maps roles to token strings, e.g. `{"eos": "<|endoftext|>"}`.
-    Pass `encode_special_tokens=False` where text must parse special tokens
-    (chat templates); the exact round trip then excludes those strings.
+    `special_tokens` maps roles to token strings, e.g. `{"eos": "<|endoftext|>"}`, over
+    the files. Pass `encode_special_tokens=False` where text must parse special tokens
+    (chat templates); the exact round trip then excludes those strings. None: the files'
+    `split_special_tokens`, else True.
     """
     path = epath.Path(path)
     if path.is_dir():
@@ -139,14 +193,23 @@ class Tokenizer:
       hf = tokenizers.Tokenizer.from_str(path.read_text(encoding="utf-8"))
     except Exception as e:  # the Rust side raises a bare Exception
       raise ValueError(f"{path}: not a valid tokenizers JSON file ({e})") from None
-    return cls(hf, special_tokens=special_tokens, encode_special_tokens=encode_special_tokens)
+    found = read_roles(path.parent, hf)
+    special_tokens = dict(special_tokens or {})
+    eos_ids = found.eos_ids if found.eos_ids and "eos" not in special_tokens else None
+    if encode_special_tokens is None:
+      split = found.split_special_tokens
+      encode_special_tokens = True if split is None else split
+    return cls(hf, special_tokens={**found.tokens, **special_tokens},
+               encode_special_tokens=encode_special_tokens, eos_ids=eos_ids,
+               chat_template=found.chat_template)
 
   load = from_file
 
   def __repr__(self) -> str:
     return (
       f"Tokenizer(vocab_size={self.vocab_size}, pad_id={self.pad_id}, "
-      f"eos_id={self.eos_id}, mask_id={self.mask_id}, sep_id={self.sep_id})"
+      f"eos_ids={self.eos_ids}, bos_id={self.bos_id}, mask_id={self.mask_id}, "
+      f"sep_id={self.sep_id}, chat_template={self.chat_template is not None})"
     )
 
 

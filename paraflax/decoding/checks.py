@@ -186,3 +186,37 @@ def key(rng, decoder):
 def _short(x, n: int = 40) -> str:
   s = repr(x)
   return s if len(s) <= n else s[:n - 3] + "..."
+
+
+EOS_SLOTS = 8  # EOS id sets up to this size share one compiled loop
+
+
+def eos_ids(value, vocab_size: int) -> tuple[int, ...]:
+  """`eos_id` (an int, a sequence of ints, or None) as the tuple of its ids, each in
+  [0, vocab_size); duplicates are fine, empty means none (like None)."""
+  if value is None:
+    return ()
+  if is_int(value):
+    ids = [value]
+  elif isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable) or (
+      _is_array(value) and value.ndim != 1):
+    raise ValueError(f"eos_id must be an int or None, got {_short(value)} "
+                     f"({type(value).__name__}); several EOS ids go in a list")
+  else:
+    ids = list(value)
+  for j, i in enumerate(ids):
+    if not is_int(i):
+      raise ValueError(f"eos_id must hold ints, got {i!r} ({type(i).__name__}) at position {j}")
+  bad = [int(i) for i in ids if not 0 <= int(i) < vocab_size]
+  if bad:
+    raise ValueError(f"eos_id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+  return tuple(int(i) for i in ids)
+
+
+def eos_array(ids: tuple[int, ...]) -> np.ndarray:
+  """`ids` as int32 [E], -1 padded to a multiple of `EOS_SLOTS` (-1 matches no token), so
+  that another set of the same bucket reuses the compiled loop."""
+  e = EOS_SLOTS * max(1, -(-len(ids) // EOS_SLOTS))
+  out = np.full((e,), -1, np.int32)
+  out[:len(ids)] = ids
+  return out

@@ -4,6 +4,8 @@ put inside their own `jax.jit`, under a mesh, or through `jax.export`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -18,7 +20,8 @@ from paraflax.decoding.protocol import Decoder, check_kind
 def decode_loop(fwd: st.Forward, draft: st.Forward | None, decoder: Decoder, prompts_BxP,
                 prompt_lens_B, rng, eos_id, max_new_tokens: int) -> st.GenerateOutput:
   """`decoder.init`, then `decoder.step` in a `lax.while_loop` until every row is done;
-  traceable (no host work), one compilation per decoder, B, P and `max_new_tokens`."""
+  traceable (no host work), one compilation per decoder, B, P and `max_new_tokens`. `eos_id`:
+  int32 [E] (or []) EOS ids, -1 for none."""
   state = decoder.init(fwd, draft, prompts_BxP, prompt_lens_B, max_new_tokens, rng, eos_id)
   state = sharding.constrain(state)  # no-op without a mesh
   state = jax.lax.while_loop(st.cond, lambda s: decoder.step(fwd, draft, s), state)
@@ -27,7 +30,7 @@ def decode_loop(fwd: st.Forward, draft: st.Forward | None, decoder: Decoder, pro
 
 def check_setup(cfg, decoder, max_new_tokens, eos_id, draft_cfg):
   """Host checks of everything but the prompts and the key: returns (decoder (default AR),
-  max_new_tokens, eos_id) or raises one clear error."""
+  max_new_tokens, the EOS ids as int32 [E] (`checks.eos_array`)) or raises one clear error."""
   decoder = AR() if decoder is None else check_kind(decoder, Decoder)
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, 1)
   if decoder.uses_draft_model and draft_cfg is None:
@@ -35,18 +38,18 @@ def check_setup(cfg, decoder, max_new_tokens, eos_id, draft_cfg):
   if not decoder.uses_draft_model and draft_cfg is not None:
     raise ValueError(f"{type(decoder).__name__} does not use a draft_model")
   decoder.validate(cfg, draft_cfg)
-  eos_id = checks.integer("eos_id", eos_id, none_ok=True)
-  if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
-    raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
-  return decoder, max_new_tokens, eos_id
+  eos_E = checks.eos_array(checks.eos_ids(eos_id, cfg.vocab_size))
+  return decoder, max_new_tokens, eos_E
 
 
 def generate_fn(model, decoder: Decoder | None = None, max_new_tokens: int = 128, *,
-                eos_id: int | None = None, draft_model=None):
+                eos_id: int | Sequence[int] | None = None, draft_model=None):
   """`pf.generate`'s compiled loop as a pure function, for your own `jax.jit`, mesh or
   `jax.export`:
 
       run = pf.generate_fn(model, pf.decoders.Jacobi(8), max_new_tokens=64, eos_id=2)
+
+  `eos_id`: one EOS id or several (a row ends at the first of any), or None.
       out = jax.jit(run)(params, prompts_BxP, lengths_B, rng)   # params = nnx.state(model)
 
   `model` (and `draft_model`) give the graph and config only (an `nnx.eval_shape` model
@@ -58,7 +61,7 @@ def generate_fn(model, decoder: Decoder | None = None, max_new_tokens: int = 128
   (unchecked here: `pf.generate` checks it). Its result equals `pf.generate` on the same
   padded prompts (which pads P to a power of two >= 8: `checks.prepare_prompts`).
   """
-  decoder, max_new_tokens, eos_id = check_setup(
+  decoder, max_new_tokens, eos_E = check_setup(
       model.cfg, decoder, max_new_tokens, eos_id,
       None if draft_model is None else draft_model.cfg)
   graphdef, cfg = nnx.split(model)[0], model.cfg
@@ -75,8 +78,7 @@ def generate_fn(model, decoder: Decoder | None = None, max_new_tokens: int = 128
       rng = jax.random.wrap_key_data(rng)
     fwd = st.Forward(graphdef=graphdef, cfg=cfg, params=params)
     draft = None if draft_def is None else st.Forward(*draft_def, params=draft_params)
-    eos = jnp.int32(-1 if eos_id is None else eos_id)
     return decode_loop(fwd, draft, decoder, prompts_BxP.astype(jnp.int32),
-                       lengths_B.astype(jnp.int32), rng, eos, max_new_tokens)
+                       lengths_B.astype(jnp.int32), rng, jnp.asarray(eos_E), max_new_tokens)
 
   return fn

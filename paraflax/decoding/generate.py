@@ -50,7 +50,7 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
   """Host checks and placement. Returns (jit arguments, the resolved mesh or None)."""
   cfg = model.cfg
   mesh = sharding.resolve_mesh(mesh, axis_rules)
-  decoder, max_new_tokens, eos_id = check_setup(
+  decoder, max_new_tokens, eos_E = check_setup(
       cfg, decoder, max_new_tokens, eos_id, None if draft_model is None else draft_model.cfg)
   padded, lengths = checks.prepare_prompts(prompts, cfg.vocab_size, prompt_lengths,
                                            max_prompt_len)
@@ -60,7 +60,7 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
   rng = checks.key(rng, decoder)
   fwd = st.Forward.of(model)
   draft = None if draft_model is None else st.Forward.of(draft_model)
-  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  eos = jnp.asarray(eos_E)  # traced: another EOS set of the same size reuses the loop
   if mesh is None:
     return (fwd, draft, decoder, jnp.asarray(padded), jnp.asarray(lengths), rng, eos), None
   fwd = fwd.replace(params=sharding.shard_state(fwd.params, mesh))
@@ -71,15 +71,17 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
 
 
 def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
-             max_new_tokens: int = 128, rng=None, eos_id: int | None = None, draft_model=None,
-             *, prompt_lengths=None, max_prompt_len: int | None = None,
+             max_new_tokens: int = 128, rng=None, eos_id: int | Sequence[int] | None = None,
+             draft_model=None, *, prompt_lengths=None, max_prompt_len: int | None = None,
              loop: str = "while", mesh=None, axis_rules=None) -> st.GenerateOutput:
   """Generate up to `max_new_tokens` per prompt with `decoder` (default: greedy AR).
 
   prompts: list of token-id lists, or an int array [B, P] (with `prompt_lengths` [B] when
-  right-padded). `loop="python"` runs the Python-loop twin (same result, one jitted step per
-  iteration). `mesh`: a `jax.sharding.Mesh` with Explicit or Auto axes (default: the mesh of
-  an enclosing `jax.set_mesh`, if any): run sharded over its devices, outputs replicated.
+  right-padded). `eos_id`: an EOS id or several (`tok.eos_ids`): a row ends at the first
+  token of the set it emits (kept), or None. `loop="python"` runs the Python-loop twin (same
+  result, one jitted step per iteration). `mesh`: a `jax.sharding.Mesh` with Explicit or Auto
+  axes (default: the mesh of an enclosing `jax.set_mesh`, if any): run sharded over its
+  devices, outputs replicated.
   `axis_rules` maps the library's mesh axes onto the mesh's own names, e.g.
   `{"tensor": "model"}` for `jax.make_mesh((2, 4), ("data", "model"))` (see
   `sharding.resolve_mesh`); an unusable mesh is a ValueError before any device work. The

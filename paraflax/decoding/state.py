@@ -82,7 +82,7 @@ class DecodeState:
   accepted: jax.Array = axes(None, "batch")  # [steps, B] emitted per iteration (0 once done)
   step: jax.Array = axes()  # [] iterations run
   rng: jax.Array = axes()  # PRNG key
-  eos_id: jax.Array = axes()  # [] int32, -1 for none
+  eos_id: jax.Array = axes(None)  # [E] int32 EOS ids, -1 padded (matches no token)
 
 
 @struct.dataclass
@@ -121,7 +121,7 @@ def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id
       cache=cache, pending=pending, done=jnp.zeros((b,), bool), forwards=zeros,
       draft_forwards=zeros,
       accepted=jnp.zeros((steps, b), jnp.int32), step=jnp.zeros((), jnp.int32), rng=rng,
-      eos_id=jnp.asarray(eos_id, jnp.int32), **fields)
+      eos_id=jnp.atleast_1d(jnp.asarray(eos_id, jnp.int32)), **fields)
 
 
 def start(fwd: Forward, prompts_BxP, prompt_lens_B, *, capacity: int, max_new_tokens: int,
@@ -149,13 +149,14 @@ def write_rows(buf_BxL: jax.Array, start_B: jax.Array, new_BxK: jax.Array,
 
 
 def emit(state: DecodeState, new_BxK: jax.Array, count_B: jax.Array, record=True):
-  """Append `new[b, :count[b]]` to each active row, cut at the first EOS (kept) and at the
-  buffer end; mark rows done; record this iteration's count. Returns (state, kept [B])."""
+  """Append `new[b, :count[b]]` to each active row, cut at the first token of the EOS set
+  (kept) and at the buffer end; mark rows done; record this iteration's count. Returns
+  (state, kept [B])."""
   k = new_BxK.shape[1]
   n_max = state.tokens.shape[1]
   i = jnp.arange(k)[None, :]
   count = jnp.where(state.done, 0, jnp.minimum(count_B, n_max - state.lengths))
-  is_eos = (new_BxK == state.eos_id) & (i < count[:, None])
+  is_eos = (new_BxK[..., None] == state.eos_id).any(-1) & (i < count[:, None])
   hit_eos = jnp.any(is_eos, -1)
   count = jnp.where(hit_eos, jnp.argmax(is_eos, -1) + 1, count)
   lengths = state.lengths + count

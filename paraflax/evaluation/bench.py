@@ -79,9 +79,11 @@ def _run(model, prompts, method, max_new_tokens, batch_size, eos_id, max_prompt_
 
 
 def run_bench(model, prompts: Sequence[Sequence[int]], methods: Sequence[Method],
-              max_new_tokens: int = 64, batch_size: int = 4, eos_id: int | None = None,
+              max_new_tokens: int = 64, batch_size: int = 4,
+              eos_id: int | Sequence[int] | None = None,
               max_prompt_len: int | None = None) -> list[Row]:
-  """Bench `methods` (AR first is added if missing) on tokenised `prompts`."""
+  """Bench `methods` (AR first is added if missing) on tokenised `prompts`; rows end at any
+  id of `eos_id` (one id or several, e.g. `tok.eos_ids`)."""
   if not methods or methods[0].name != "ar":
     methods = [Method("ar", AR(), "greedy")] + list(methods)
   max_prompt_len = max_prompt_len or max(len(p) for p in prompts)

@@ -74,7 +74,7 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
   if drafter is not None:  # drafts stay off padding rows and method tokens past the tokenizer
     dec = dataclasses.replace(dec, vocab=shared_vocab(tok, model, drafter))
   kw = dict(decoder=dec, max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
-            eos_id=tok.eos_id, draft_model=drafter)
+            eos_id=tok.eos_ids, draft_model=drafter)
   jax.block_until_ready(generate(model, ids, **kw).tokens)  # compile
   t0 = time.perf_counter()
   out = jax.device_get(generate(model, ids, **kw))

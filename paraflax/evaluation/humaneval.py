@@ -98,6 +98,7 @@ def greedy_pass_at_1(model, tok, prompts, max_new_tokens: int) -> float:
   import jax
 
   from paraflax.decoding.generate import generate
-  out = jax.device_get(generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=tok.eos_id))
+  out = jax.device_get(generate(model, prompts, max_new_tokens=max_new_tokens,
+                                eos_id=tok.eos_ids))
   texts = [tok.decode(row[:n].tolist()) for row, n in zip(out.tokens, out.lengths)]
   return pass_at_1(load_humaneval()[:len(prompts)], texts)

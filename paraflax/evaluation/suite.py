@@ -86,7 +86,7 @@ def run(models: Models, s: Settings, log=print) -> list:
     prompts = humaneval_prompts(encode, s.prompts, max_prompt)
   rows = bench.run_bench(model, prompts, bench_methods(others, drafters),
                          max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
-                         eos_id=tok.eos_id)
+                         eos_id=tok.eos_ids)
   log(bench.format_table(rows))
   weights = {"base": model, **others}
   quality = {w: {} for w in weights}

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints (Llama, Qwen2/Qwen2.5, Qwen3): load, export, convert to orbax.
 
     model = load_hf(dir)                 # config.json + *.safetensors -> Transformer
-    tok = load_hf_tokenizer(dir)         # tokenizer.json, EOS from the checkpoint's configs
+    tok = load_hf_tokenizer(dir)         # tokenizer.json; every EOS id, BOS, PAD, chat template
     export_hf(model, out_dir, tok)       # -> safetensors, configs, tokenizer files (bit-exact)
     convert_hf(dir, workdir)             # -> a directory paraflax.training.load_trained reads
 """

@@ -5,7 +5,8 @@ Layout written (what `load_trained` expects):
                      part is a placeholder: nothing was trained on it)
     tokenizer.json   the checkpoint's tokenizer
     hf_config.json   the source config.json, for provenance
-    generation_config.json  EOS/PAD ids (`load_hf_tokenizer(out)` resolves them)
+    generation_config.json, tokenizer_config.json  its roles: every EOS id, PAD, BOS, the
+                     chat template (`Tokenizer.save`; `Tokenizer.load(out)` reads them back)
     checkpoints/0/   the params as an orbax pytree (item `params`, no optimizer state), with
                      their checksums (`checksums.process_0.json`)
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from flax import nnx
 
 from paraflax.hf.config import read_hf_config
 from paraflax.hf.load import load_hf
-from paraflax.hf.tokenizer import eos_ids, load_hf_tokenizer
+from paraflax.hf.tokenizer import load_hf_tokenizer
 
 
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,
@@ -50,14 +50,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
   out.mkdir(parents=True, exist_ok=True)
   (out / "config.json").write_text(json.dumps(train_cfg.to_dict(), indent=2) + "\n")
   (out / "hf_config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
-  shutil.copyfile(src / "tokenizer.json", out / "tokenizer.json")
-  # load_trained's Tokenizer.load does not know HF special tokens; load_hf_tokenizer(out)
-  # finds EOS/PAD here
-  ids = {} if tokenizer.pad_id is None else {"pad_token_id": tokenizer.pad_id}
-  eos = eos_ids(src, tokenizer)  # every one, so that export writes them all back
-  if eos:
-    ids["eos_token_id"] = eos if len(eos) > 1 else eos[0]
-  (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+  tokenizer.save(out)  # with its roles, so that export writes every EOS id back
   _, params = nnx.split(model, nnx.Param)
   del model
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)

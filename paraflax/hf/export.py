@@ -37,16 +37,19 @@ def _bos_id(tokenizer: Tokenizer) -> int | None:
 
 def special_ids(tokenizer: Tokenizer, eos_ids: Sequence[int] | None = None) -> dict:
   """{"bos_token_id", "eos_token_id", "pad_token_id"} as Hugging Face configs write them:
-  EOS an int, or a list when `eos_ids` names several (default: the tokenizer's one); roles
-  the tokenizer lacks are left out."""
-  eos = list(eos_ids) if eos_ids else [tokenizer.eos_id] if tokenizer.eos_id is not None else []
-  ids = {"bos_token_id": _bos_id(tokenizer), "eos_token_id": eos[0] if len(eos) == 1 else eos,
+  EOS an int, or a list when `eos_ids` names several (default: every one of the tokenizer's
+  `eos_ids`); BOS the tokenizer's, else the one its post-processor adds; roles the tokenizer
+  lacks are left out."""
+  eos = list(eos_ids) if eos_ids else list(tokenizer.eos_ids)
+  bos = tokenizer.bos_id if tokenizer.bos_id is not None else _bos_id(tokenizer)
+  ids = {"bos_token_id": bos, "eos_token_id": eos[0] if len(eos) == 1 else eos,
          "pad_token_id": tokenizer.pad_id}
   return {k: v for k, v in ids.items() if v not in (None, [])}
 
 
 def _tokenizer_config(tokenizer: Tokenizer, ids: dict, max_len: int) -> dict:
-  """`tokenizer_config.json`: the special-token strings, `<mask>`/`<sep>` as extra specials,
+  """`tokenizer_config.json`: the special-token strings, `<mask>`/`<sep>` as extra specials
+  (and as mask_token / sep_token, which `load_hf_tokenizer` reads back), the chat template,
   and `split_special_tokens` so that text encodes as paraflax encodes it."""
   name = tokenizer.backend.id_to_token
   eos = ids.get("eos_token_id")
@@ -55,14 +58,18 @@ def _tokenizer_config(tokenizer: Tokenizer, ids: dict, max_len: int) -> dict:
            "pad_token": ids.get("pad_token_id")}
   tokens = {k: name(v) for k, v in roles.items() if v is not None}
   extra = [name(i) for i in (tokenizer.mask_id, tokenizer.sep_id) if i is not None]
-  return {"tokenizer_class": "PreTrainedTokenizerFast", **tokens,
+  tokens |= {k: name(i) for k, i in (("mask_token", tokenizer.mask_id),
+                                     ("sep_token", tokenizer.sep_id)) if i is not None}
+  template = {} if tokenizer.chat_template is None else {"chat_template": tokenizer.chat_template}
+  return {"tokenizer_class": "PreTrainedTokenizerFast", **tokens, **template,
           "additional_special_tokens": extra,
           "split_special_tokens": tokenizer.backend.encode_special_tokens,
           "clean_up_tokenization_spaces": False, "model_max_length": max_len}
 
 
 def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -> None:
-  """tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json."""
+  """tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
+  (the last three replacing those `Tokenizer.save` may write)."""
   tokenizer.save(out / "tokenizer.json")
   config = _tokenizer_config(tokenizer, ids, max_len)
   _write_json(out / "tokenizer_config.json", config)
@@ -75,7 +82,8 @@ def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -
 def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
               eos_ids: Sequence[int] | None = None) -> Path:
   """Write `config.json` and `model.safetensors` into `out_dir` (and, given `tokenizer`, the
-  tokenizer files and `generation_config.json`, with every id in `eos_ids` as EOS); return it."""
+  tokenizer files, its chat template and `generation_config.json`, with every id in `eos_ids`
+  as EOS, by default every one of `tokenizer.eos_ids`); return it."""
   cfg = model.cfg
   ids = special_ids(tokenizer, eos_ids) if tokenizer is not None else {}
   hf_cfg = hf_config_from_model(cfg, bos_id=ids.get("bos_token_id"),

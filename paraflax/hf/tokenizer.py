@@ -1,4 +1,5 @@
-"""The tokenizer of a Hugging Face checkpoint, with its EOS/PAD ids resolved from its configs."""
+"""The tokenizer of a Hugging Face checkpoint, with its roles (every EOS id, PAD, BOS, chat
+template) resolved from its configs."""
 
 from __future__ import annotations
 
@@ -6,30 +7,17 @@ import os
 from pathlib import Path
 
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import read_json
-
-
-def _json(file: Path) -> dict:
-  return read_json(file) if file.is_file() else {}  # an invalid file is an error naming it
-
-
-def _token(value, backend) -> str | None:
-  """A token string from an id, a list of ids (the first), a string or an AddedToken dict."""
-  if isinstance(value, list):
-    value = value[0] if value else None
-  if isinstance(value, dict):
-    value = value.get("content")
-  if isinstance(value, int):
-    return backend.id_to_token(value)
-  return value if isinstance(value, str) else None
+from paraflax.data.tokenizer_roles import read_roles
 
 
 def load_hf_tokenizer(path: str | os.PathLike, *,
                       encode_special_tokens: bool = False) -> Tokenizer:
-  """`Tokenizer` over `<path>/tokenizer.json`, with `eos_id` / `pad_id` from the checkpoint.
+  """`Tokenizer` over `<path>/tokenizer.json`, with its roles from the checkpoint's configs.
 
-  EOS comes from generation_config.json, then config.json, then tokenizer_config.json (a
-  list of EOS ids gives its first). `encode_special_tokens=False` (the Hugging Face default)
+  Every EOS id comes from generation_config.json, then config.json, then tokenizer_config.json
+  (Llama-3.1-Instruct lists three: `eos_ids`; `eos_id` is the first); PAD and BOS likewise,
+  the chat template from chat_template.jinja or tokenizer_config.json
+  (`paraflax.data.tokenizer_roles`). `encode_special_tokens=False` (the Hugging Face default)
   parses special-token strings such as "<|im_end|>" in text, as chat templates need.
   """
   path = Path(path).expanduser()
@@ -37,34 +25,15 @@ def load_hf_tokenizer(path: str | os.PathLike, *,
   if not file.is_file():
     raise FileNotFoundError(f"{str(file)!r} not found: the checkpoint has no tokenizer.json "
                             "(only fast-tokenizer JSON files are supported)")
-  base = Tokenizer.from_file(file)
-  root = file.parent
-  gen, cfg, tok = (_json(root / n) for n in ("generation_config.json", "config.json",
-                                              "tokenizer_config.json"))
-  roles = {}
-  for role in ("eos", "pad"):
-    for source in (gen.get(f"{role}_token_id"), cfg.get(f"{role}_token_id"),
-                   tok.get(f"{role}_token")):
-      token = _token(source, base.backend)
-      if token is not None and base.backend.token_to_id(token) is not None:
-        roles[role] = token
-        break
-  return Tokenizer(base.backend, special_tokens=roles,
-                   encode_special_tokens=encode_special_tokens)
+  return Tokenizer.from_file(file, encode_special_tokens=encode_special_tokens)
 
 
 def eos_ids(path: str | os.PathLike, tokenizer: Tokenizer) -> list[int]:
-  """Every EOS id of the checkpoint (or workdir) at `path`: the list in generation_config.json,
-  else config.json (Llama-3.1-Instruct names three), within `tokenizer`'s vocabulary; else
-  `tokenizer.eos_id` alone."""
+  """Every EOS id of the checkpoint (or workdir) at `path` within `tokenizer`'s vocabulary: as
+  `load_hf_tokenizer(path).eos_ids` finds them, else `tokenizer.eos_ids`."""
   path = Path(path).expanduser()
-  for name in ("generation_config.json", "config.json"):
-    value = _json(path / name).get("eos_token_id")
-    found = [i for i in (value if isinstance(value, list) else [value])
-             if isinstance(i, int) and 0 <= i < tokenizer.vocab_size]
-    if found:
-      return found
-  return [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+  found = read_roles(path, tokenizer.backend).eos_ids if path.is_dir() else ()
+  return list(found or tokenizer.eos_ids)
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:

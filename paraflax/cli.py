@@ -91,8 +91,7 @@ def cmd_convert(args):
 def cmd_export(args):
   from paraflax import hf, loading
   model, tok, _ = loading.load_model(args.workdir, args.hf)
-  eos = hf.eos_ids(args.hf or args.workdir, tok)
-  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok, eos_ids=eos)}")
+  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok, eos_ids=tok.eos_ids)}")
 
 
 def cmd_checksum(args):

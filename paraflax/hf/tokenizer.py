@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.data.tokenizer_roles import read_roles
 
 
 def load_hf_tokenizer(path: str | os.PathLike, *,
@@ -26,14 +25,6 @@ def load_hf_tokenizer(path: str | os.PathLike, *,
     raise FileNotFoundError(f"{str(file)!r} not found: the checkpoint has no tokenizer.json "
                             "(only fast-tokenizer JSON files are supported)")
   return Tokenizer.from_file(file, encode_special_tokens=encode_special_tokens)
-
-
-def eos_ids(path: str | os.PathLike, tokenizer: Tokenizer) -> list[int]:
-  """Every EOS id of the checkpoint (or workdir) at `path` within `tokenizer`'s vocabulary: as
-  `load_hf_tokenizer(path).eos_ids` finds them, else `tokenizer.eos_ids`."""
-  path = Path(path).expanduser()
-  found = read_roles(path, tokenizer.backend).eos_ids if path.is_dir() else ()
-  return list(found or tokenizer.eos_ids)
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -3,8 +3,8 @@
 Training: rows -> global shuffle -> repeat forever (a new shuffle each epoch) -> batch.
 Batches are `{"tokens": int32 [B, L]}`, and `"loss_mask": int32 [B, L]` (1: token i is a
 target) when the stream has a mask stream (JSONL records, `records.py`), packed in parallel
-with the tokens, so a row's mask is the mask of its tokens. The iterator is a `grain.DatasetIterator`
-whose `get_state()` / `set_state()` checkpoint the exact data position (orbax saves it
+with the tokens, so a row's mask is the mask of its tokens. The iterator is a
+`grain.DatasetIterator` whose `get_state()` / `set_state()` checkpoint the exact data position (orbax saves it
 beside the model with `grain.checkpoint.CheckpointSave` / `CheckpointRestore`).
 Batches may straddle an epoch boundary, so no row is ever skipped.
 

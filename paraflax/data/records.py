@@ -11,7 +11,10 @@ Each record is a prompt part and a reply part, encoded separately (a clean bound
     loss_mask = 0 ... 0                 1 ... 1          1              int8  [n]
 
 BOS only where the tokenizer has `bos_id` and no template wrote the text (a template writes its
-own); EOS (`tok.eos_id`) unless the reply already ends with it. `loss_on="response"` (the SFT
+own); EOS (`tok.eos_id`) unless the reply already ends with it (a template's reply drops the
+whitespace it writes after the end of turn: "...<|im_end|>" + EOS, or just "...<|im_end|>"
+when that is the EOS). Template text is encoded as the tokenizer encodes text: a Hugging Face
+tokenizer parses the special-token strings a template writes. `loss_on="response"` (the SFT
 convention) makes only the reply and EOS targets: with a template the reply is the last
 assistant message, its end-of-turn token and what the template writes after it (so the model
 learns to stop); earlier assistant turns are prompt. `loss_on="all"` makes every token a target;
@@ -102,7 +105,7 @@ class RecordEncoder:
                 [{"role": "user", "content": record.prompt},
                  {"role": "assistant", "content": record.response}])
     prompt, reply = self.template.split(messages)
-    return prompt, reply, True
+    return prompt, reply.rstrip(), True  # the newline after the end of turn: EOS follows
 
   def _bos(self, templated: bool) -> list[int]:
     bos = getattr(self.tokenizer, "bos_id", None)

@@ -102,10 +102,13 @@ class JsonlData:
   def open(self, data: DataConfig, *, progress: bool = True) -> TrainData:
     data = dataclasses.replace(data, progress=data.progress and progress)
     records = read_records(self.files, skip_bad_lines=self.skip_bad_lines)
+    where = ", ".join(map(repr, self.files))
+    if data.tokenizer is None and any(isinstance(r, ChatRecord) for r in records):
+      raise ValueError(f"{where}: chat records ('messages') need a chat template: set "
+                       "data.tokenizer to a model directory that has one")
     split = [corpus.split_of(split_key(r), self.val_fraction) for r in records]
     train = [r for r, s in zip(records, split) if s == "train"]
     val = [r for r, s in zip(records, split) if s == "validation"]
-    where = ", ".join(map(repr, self.files))
     if not train or not val:
       raise ValueError(f"{where}: {len(records)} records leave no "
                        f"{'training' if not train else 'validation'} documents at "
@@ -113,9 +116,6 @@ class JsonlData:
     tok = data_tokenizer(data)
     template = None
     if tok is None:
-      if any(isinstance(r, ChatRecord) for r in records):
-        raise ValueError(f"{where}: chat records ('messages') need a chat template: set "
-                         "data.tokenizer to a model directory that has one")
       tok = documents_tokenizer([r.text for r in train], data, name="jsonl")
     else:
       from paraflax.hf.chat import ChatTemplate

@@ -103,8 +103,8 @@ def test_response_masks_cover_exactly_the_reply_and_its_end(tok):
   assert len(tokens) == len(masks) and tokens.dtype == np.int32
 
 
-def _source_cfg(tmp_path, **kw):
-  return DataConfig(seq_len=8, batch_size=2, cache_dir=str(tmp_path / "cache"), progress=False,
+def _source_cfg(tmp_path, seq_len=8, **kw):
+  return DataConfig(seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path / "cache"), progress=False,
                     vocab_size=300, **kw)
 
 
@@ -152,3 +152,21 @@ def test_chat_records_need_a_template_and_bad_arguments_are_named(tmp_path):
   with pytest.raises(ValueError, match="chat must be one of"):
     get_source("jsonl", {"paths": ["x"], "chat": "maybe"})
   assert get_source("jsonl", {"path": "old.jsonl"}).files == ("old.jsonl",)
+
+
+@pytest.mark.fast
+def test_the_trainer_trains_on_loss_masked_records(tmp_path):
+  import dataclasses
+  from pathlib import Path
+
+  from paraflax.training import load_config, train
+  cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "micro_ar.py")
+  _write(tmp_path / "d.jsonl", [{"prompt": f"q{i} ", "response": f"a{i} " * 3}
+                                for i in range(80)])
+  cfg = dataclasses.replace(
+      cfg, data_source="jsonl", data_source_args={"paths": [str(tmp_path / "*.jsonl")],
+                                                  "val_fraction": 0.3},
+      data=_source_cfg(tmp_path, seq_len=16), steps=2, eval_every=2, eval_batches=1,
+      checkpoint_every=2, log_every=1)
+  summary = train(cfg, tmp_path / "run", progress=False)
+  assert summary["step"] == 2 and np.isfinite(summary["val_loss"])

@@ -18,6 +18,12 @@ RNG = jax.random.key(3)
 
 
 @pytest.fixture(scope="module")
+def model():
+  """One micro model for the three objectives: two-stream (AS-ARM), with a mask id (TiDAR)."""
+  return micro_model(seed=0, two_stream=True, mask_token_id=2)
+
+
+@pytest.fixture(scope="module")
 def tokens():
   return jax.random.randint(jax.random.key(0), (B, L), 3, 48, jnp.int32)
 
@@ -46,8 +52,7 @@ def _both(fn, tokens, loss_mask):
 
 
 @pytest.mark.fast
-def test_ar(tokens, loss_mask):
-  model = micro_model(seed=0)
+def test_ar(model, tokens, loss_mask):
   plain, ones, masked = _both(lambda b: ar(model, b, RNG), tokens, loss_mask)
   assert plain[0] == ones[0] and plain[1]["accuracy"] == ones[1]["accuracy"]
   pos = jnp.broadcast_to(jnp.arange(L), (B, L))
@@ -57,8 +62,7 @@ def test_ar(tokens, loss_mask):
 
 
 @pytest.mark.fast
-def test_tidar(tokens, loss_mask):
-  model = micro_model(seed=1, mask_token_id=2)
+def test_tidar(model, tokens, loss_mask):
   fn = lambda b: tidar_loss(model, b, RNG, block_size=(3, 4), alpha=0.5)
   plain, ones, masked = _both(fn, tokens, loss_mask)
   assert plain[0] == ones[0]
@@ -73,8 +77,7 @@ def test_tidar(tokens, loss_mask):
 
 
 @pytest.mark.fast
-def test_asarm(tokens, loss_mask):
-  model = micro_model(seed=2, two_stream=True)
+def test_asarm(model, tokens, loss_mask):
   args = ((0.3, 0.7), (0.3, 0.7), 1)
   plain, ones, masked = _both(lambda b: asarm.asarm_loss(model, b, RNG, *args), tokens, loss_mask)
   assert plain[0] == ones[0] and plain[1]["accuracy"] == ones[1]["accuracy"]

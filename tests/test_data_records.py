@@ -4,7 +4,6 @@ deterministic split and `loss_mask` batches, packed with their tokens."""
 
 import gzip
 import json
-import warnings
 
 import numpy as np
 import pytest

@@ -128,3 +128,15 @@ def test_jsonl_source_with_a_model_tokenizer_and_its_chat_template(hf_dir, tmp_p
   targets = tok.decode(tokens[mask == 1])
   assert "x =" not in targets and "y =" in targets and "<eos>" in targets  # replies, ends
   assert "<sep>assistant" in tok.decode(tokens[mask == 0])  # the template's prompt side
+
+
+@pytest.mark.fast
+def test_the_stdlib_source_encodes_with_data_tokenizer(hf_dir, tmp_path):
+  from paraflax.data.pipeline import DataConfig
+  from paraflax.data.source import get_source
+  data = DataConfig(seq_len=16, batch_size=2, progress=False, cache_dir=str(tmp_path / "c"),
+                    max_files=2, val_fraction=0.5, tokenizer=str(hf_dir))
+  opened = get_source("stdlib").open(data, progress=False)
+  assert repr(str(hf_dir)) in opened.tokenizer_source
+  assert opened.tokenizer.fingerprint() == load_hf_tokenizer(hf_dir).fingerprint()
+  assert set(next(opened.train)) == {"tokens"}

@@ -16,8 +16,8 @@ whitespace it writes after the end of turn: "...<|im_end|>" + EOS, or just "...<
 when that is the EOS). Template text is encoded as the tokenizer encodes text: a Hugging Face
 tokenizer parses the special-token strings a template writes. `loss_on="response"` (the SFT
 convention) makes only the reply and EOS targets: with a template the reply is the last
-assistant message, its end-of-turn token and what the template writes after it (so the model
-learns to stop); earlier assistant turns are prompt. `loss_on="all"` makes every token a target;
+assistant message and its end-of-turn token (so the model learns to stop); earlier assistant
+turns are prompt. `loss_on="all"` makes every token a target;
 text records always are. `loss_mask[i] = 1`: token i is a target (predicted from token i-1).
 """
 

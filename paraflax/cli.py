@@ -52,7 +52,8 @@ def cmd_collect(args):
   distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, trajectories
   cfg = _call(trajectories.CollectConfig, args)
-  _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh))
+  _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
+                                       data=args.data))
 
 
 def cmd_teacher_data(args):
@@ -60,7 +61,8 @@ def cmd_teacher_data(args):
   distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, teacher
   cfg = _call(teacher.TeacherConfig, args)
-  _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh))
+  _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
+                               data=args.data))
 
 
 def _mesh(value: str):
@@ -71,6 +73,19 @@ def _mesh(value: str):
     return MeshConfig.of(parse(value, object))
   except (ValueError, TypeError) as e:
     raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _collect_source(q, what: str) -> None:
+  """The model and prompt flags of the commands that fill a store."""
+  src = q.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help=f"{what}: a training workdir")
+  src.add_argument("--hf", metavar="DIR", help=f"{what}: a local Hugging Face checkpoint "
+                   "directory (needs --data)")
+  q.add_argument("--data", action="append", metavar="FILE.jsonl", help="prompts: the JSONL "
+                 "records' (a prompt, a chat's messages before its last reply, a text's first "
+                 "min..max-prompt-len tokens; longer prompts keep their last max-prompt-len, "
+                 "shorter than min-prompt-len are skipped); files or globs, repeatable "
+                 "(default: random windows of the workdir's training split)")
 
 
 def _collect_flags(q) -> None:
@@ -181,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   j = command("collect-trajectories", cmd_collect, "store the model's own greedy Jacobi "
               "trajectories on training prompts (Jacobi Forcing data; resumable)")
-  j.add_argument("--workdir", required=True, help="the model: a training workdir")
+  _collect_source(j, "the model")
   j.add_argument("--out", required=True, help="trajectory store directory")
   _ints(j, block_size=16, num_blocks=4, examples=2048, min_prompt_len=32, max_prompt_len=96,
         batch_size=64, seed=0)
@@ -189,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   td = command("teacher-data", cmd_teacher_data, "store the model's greedy continuations of "
                "training prompts (DEER drafter training data; resumable)")
-  td.add_argument("--workdir", required=True, help="the AR teacher: a training workdir")
+  _collect_source(td, "the AR teacher")
   td.add_argument("--out", required=True, help="teacher store directory")
   _ints(td, examples=2048)
   td.add_argument("--answer-len", type=int, default=128, help="greedy tokens per prompt")

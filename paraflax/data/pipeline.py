@@ -1,8 +1,10 @@
 """grain pipelines over packed token rows.
 
 Training: rows -> global shuffle -> repeat forever (a new shuffle each epoch) -> batch.
-Batches are `{"tokens": int32 [B, L]}`. The iterator is a `grain.DatasetIterator`
-whose `get_state()` / `set_state()` checkpoint the exact data position (orbax saves it
+Batches are `{"tokens": int32 [B, L]}`, and `"loss_mask": int32 [B, L]` (1: token i is a
+target) when the stream has a mask stream (JSONL records, `records.py`), packed in parallel
+with the tokens, so a row's mask is the mask of its tokens. The iterator is a
+`grain.DatasetIterator` whose `get_state()` / `set_state()` checkpoint the exact data position (orbax saves it
 beside the model with `grain.checkpoint.CheckpointSave` / `CheckpointRestore`).
 Batches may straddle an epoch boundary, so no row is ever skipped.
 
@@ -70,6 +72,8 @@ class Data:
   tokenizer: Tokenizer
   train_tokens: np.ndarray  # int32 [N_train]
   val_tokens: np.ndarray  # int32 [N_val]
+  train_mask: np.ndarray | None = None  # int8 [N_train]: 1 where a token is a target
+  val_mask: np.ndarray | None = None  # int8 [N_val]
 
 
 def _shuffle_seed(seed: int) -> int:
@@ -83,41 +87,74 @@ def _as_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
   return {"tokens": np.asarray(tokens, np.int32)}  # [B, L]
 
 
+def _as_masked_batch(rows_Bx2xL: np.ndarray) -> dict[str, np.ndarray]:
+  return {"tokens": np.asarray(rows_Bx2xL[:, 0], np.int32),
+          "loss_mask": np.asarray(rows_Bx2xL[:, 1], np.int32)}
+
+
+class _Paired:
+  """Rows i of tokens and mask as one [2, L] item (lazy: the streams stay memory-mapped)."""
+
+  def __init__(self, rows: np.ndarray, mask_rows: np.ndarray):
+    self.rows, self.mask_rows = rows, mask_rows
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def __getitem__(self, i):
+    return np.stack([np.asarray(self.rows[i], np.int32), np.asarray(self.mask_rows[i], np.int32)])
+
+
+def _rows(tokens: np.ndarray, seq_len: int, mask: np.ndarray | None):
+  """(rows source, batch function): packed rows, paired with their mask rows when given."""
+  rows = pack(tokens, seq_len)  # [R, L]
+  if mask is None:
+    return rows, _as_batch
+  if np.shape(mask) != np.shape(tokens):
+    raise ValueError(f"loss mask stream has shape {np.shape(mask)}, tokens {np.shape(tokens)}")
+  return _Paired(rows, pack(mask, seq_len)), _as_masked_batch
+
+
 _READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)  # in-memory rows: no threads
 
 
-def train_dataset(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int) -> grain.MapDataset:
-  """Infinite, shuffled, batched packed rows of a token stream. Items: {"tokens": [B, L]}."""
-  rows = pack(tokens, seq_len)  # [R, L]
+def train_dataset(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
+                  mask: np.ndarray | None = None) -> grain.MapDataset:
+  """Infinite, shuffled, batched packed rows of a token stream (and its `mask` stream).
+  Items: {"tokens": [B, L]} (+ "loss_mask": [B, L])."""
+  rows, as_batch = _rows(tokens, seq_len, mask)
   return (
     grain.MapDataset.source(rows)
     .shuffle(seed=_shuffle_seed(seed))
     .repeat(None)
     .batch(batch_size, drop_remainder=True)
-    .map(_as_batch)
+    .map(as_batch)
   )
 
 
-def train_iterator(tokens: np.ndarray, cfg: DataConfig) -> grain.DatasetIterator:
+def train_iterator(tokens: np.ndarray, cfg: DataConfig,
+                   mask: np.ndarray | None = None) -> grain.DatasetIterator:
   """Checkpointable iterator over `train_dataset` (state: `it.get_state()`)."""
-  ds = train_dataset(tokens, cfg.seq_len, cfg.batch_size, cfg.seed)
+  ds = train_dataset(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, mask)
   return iter(ds.to_iter_dataset(_READ))
 
 
-def validation_dataset(tokens: np.ndarray, seq_len: int, batch_size: int) -> grain.MapDataset:
+def validation_dataset(tokens: np.ndarray, seq_len: int, batch_size: int,
+                       mask: np.ndarray | None = None) -> grain.MapDataset:
   """Finite, unshuffled batches of packed rows: `len(ds)` batches, `ds[i]` is one."""
-  rows = pack(tokens, seq_len)  # [R, L]
+  rows, as_batch = _rows(tokens, seq_len, mask)
   if len(rows) < batch_size:
     raise ValueError(
       f"validation stream has {len(rows)} rows of {seq_len} tokens, fewer than one "
       f"batch of {batch_size}: raise val_fraction or lower batch_size/seq_len"
     )
-  return grain.MapDataset.source(rows).batch(batch_size, drop_remainder=True).map(_as_batch)
+  return grain.MapDataset.source(rows).batch(batch_size, drop_remainder=True).map(as_batch)
 
 
-def validation_batches(tokens: np.ndarray, cfg: DataConfig) -> list[dict[str, np.ndarray]]:
+def validation_batches(tokens: np.ndarray, cfg: DataConfig,
+                       mask: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
   """All validation batches, in order (small: held in memory; reuse for each evaluation)."""
-  ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size)
+  ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size, mask)
   return [ds[i] for i in range(len(ds))]  # direct indexing: no reader threads
 
 
@@ -132,20 +169,20 @@ def prepare_documents(
   """Tokenize both splits (cached); train a tokenizer on `train_docs` if none is given."""
   cache = Path(cfg.cache_dir).expanduser()
   if tokenizer is None:
-    # Key the tokenizer by the training text itself so a changed corpus retrains.
-    digest = hashlib.sha1("\0".join(train_docs).encode("utf-8")).hexdigest()[:12]
-    tokenizer = load_or_train(
-      cache,
-      lambda: train_docs,
-      cfg.vocab_size,
-      name=f"{name}-{digest}",
-      progress=cfg.progress,
-    )
+    tokenizer = documents_tokenizer(train_docs, cfg, name=name)
   train = token_stream(train_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing train")
   val = token_stream(
     val_docs, tokenizer, cache, progress=cfg.progress, desc="tokenizing validation"
   )
   return Data(tokenizer, train, val)
+
+
+def documents_tokenizer(train_docs: Sequence[str], cfg: DataConfig, *, name: str) -> Tokenizer:
+  """A BPE of `cfg.vocab_size` ids trained on `train_docs` (cached in `cfg.cache_dir`)."""
+  # Key the tokenizer by the training text itself so a changed corpus retrains.
+  digest = hashlib.sha1("\0".join(train_docs).encode("utf-8")).hexdigest()[:12]
+  return load_or_train(Path(cfg.cache_dir).expanduser(), lambda: train_docs, cfg.vocab_size,
+                       name=f"{name}-{digest}", progress=cfg.progress)
 
 
 def prepare_stdlib(cfg: DataConfig, *, tokenizer: Tokenizer | None = None) -> Data:

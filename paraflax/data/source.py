@@ -9,7 +9,7 @@ trainer calls `open` without knowing which it is:
     batch = next(data.train)                      # {field: [B, ...]}, `source.fields` keys
 
 Registered by their own files: "stdlib" and "jsonl" (packed text rows of the standard-library
-corpus or of a JSON Lines file, `text.py`), "trajectories" (packed Jacobi Forcing rows of a
+corpus, or of JSON Lines records with a `loss_mask` field, `text.py`), "trajectories" (packed Jacobi Forcing rows of a
 trajectory store, `training/jacobi_forcing.py`), "teacher" (prompt + answer rows of a DEER
 teacher store, `training/deer.py`).
 """

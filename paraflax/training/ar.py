@@ -17,7 +17,8 @@ def ar(model, batch, rng):
   Packed text rows are full (packing leaves no padding), so all L-1 next-token targets count.
   Optional keys (DEER teacher rows, for the small-AR-drafter baseline): `lengths [B]`, tokens
   from there on are right padding (no key and no target); `prompt_lens [B]`, only tokens from
-  there on (the answer) are targets, the supervision the DEER drafter gets.
+  there on (the answer) are targets, the supervision the DEER drafter gets; `loss_mask
+  [B, L]` (JSONL records), only tokens i with loss_mask[:, i] = 1 are targets.
   """
   del rng  # deterministic objective
   tokens_BxL = batch["tokens"]
@@ -32,5 +33,8 @@ def ar(model, batch, rng):
     weights = target < lengths_B[:, None]
     if "prompt_lens" in batch:
       weights &= target >= batch["prompt_lens"][:, None]
+  if "loss_mask" in batch:
+    counts = batch["loss_mask"][:, 1:].astype(bool)  # [B, L-1]: the targets that count
+    weights = counts if weights is None else weights & counts
   nll, hit = token_nll(model, hidden_BxLxD[:, :-1], tokens_BxL[:, 1:])
   return Loss.of(Mean.of(nll, weights)), {"accuracy": Mean.of(hit, weights)}

@@ -56,7 +56,9 @@ def lattice_visible(rng, rates_B: jax.Array, n: int) -> jax.Array:
 @register_objective("asarm", fields=("tokens", "step"))
 def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
                rate_end: Sequence[float] = (0.85, 0.99), ramp_steps: int = 5000):
-  """Query-stream cross entropy at the target positions of lattice-decomposed rows."""
+  """Query-stream cross entropy at the target positions of lattice-decomposed rows; with
+  `loss_mask [B, N]` (JSONL records) only targets with loss_mask 1 count (the others are still
+  generated in order, as context for later ones)."""
   if not model.cfg.two_stream:
     raise ValueError("the 'asarm' objective needs a two-stream model "
                      "(ModelConfig.two_stream=True)")
@@ -71,5 +73,8 @@ def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
   pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
   hidden_BxNxD, _ = model(tokens, pos, content, queries=Queries(pos, query), hidden=True)
   nll, hit = token_nll(model, hidden_BxNxD, tokens)
-  return Loss.of(Mean.of(nll, ~visible)), {"accuracy": Mean.of(hit, ~visible),
+  counts = ~visible
+  if "loss_mask" in batch:
+    counts &= batch["loss_mask"].astype(bool)
+  return Loss.of(Mean.of(nll, counts)), {"accuracy": Mean.of(hit, counts),
                                             "masking_rate": Mean.of(rates)}

@@ -1,8 +1,15 @@
-"""Training stores built from a trained workdir's model on prompts from its training split:
-Jacobi trajectories (Jacobi Forcing's data) and greedy teacher answers (the DEER drafters').
+"""Training stores built from a model on prompts: Jacobi trajectories (Jacobi Forcing's data)
+and greedy teacher answers (the DEER drafters').
+
+The model is a training workdir (`workdir`) or a Hugging Face directory (`hf`). The prompts are
+the records' of the JSONL files `data` (`store.record_prompts`: a prompt/response record's
+prompt, a chat's messages before its last reply with the assistant's turn opened under the
+model's chat template, a text record's first min..max_prompt_len tokens), or, for a workdir
+without `data`, random windows of its training split (the stdlib corpus). A Hugging Face model
+has no training split: it needs `data`.
 
 With `mesh` (as `TrainConfig.mesh`: a `MeshConfig`, `(data, fsdp, tensor)` sizes or a mapping;
-or a `jax.sharding.Mesh` with `axis_rules`) the checkpoint is restored sharded onto it and each
+or a `jax.sharding.Mesh` with `axis_rules`) the model is placed sharded onto it and each
 batch's prompts are split over its data axes; multi-host, each process writes its own rows of
 the store (`shares.py`)."""
 
@@ -14,14 +21,42 @@ import jax
 
 from paraflax import sharding
 from paraflax.data.pipeline import prepare_stdlib
-from paraflax.training import load_trained, teacher, trajectories
+from paraflax.paths import resolve_path
+from paraflax.training import load_trained, store, teacher, trajectories
+
+NO_SPLIT = "a Hugging Face model has no training split: pass --data FILE.jsonl"
 
 
-def _load(workdir, mesh, axis_rules):
-  """(model on the resolved mesh, tokenizer, training tokens, resolved mesh)."""
+def _record_prompts(model_dir, tok, data, cfg) -> store.Prompts:
+  """The chosen prompts of the records of `data` (files or globs), encoded by `tok` and the
+  chat template of `model_dir`."""
+  from paraflax.data.jsonl import TextRecord, expand_paths, read_records
+  from paraflax.data.records import RecordEncoder
+  from paraflax.hf.chat import ChatTemplate
+  records = read_records(data)
+  encoder = RecordEncoder(tok, ChatTemplate.of(model_dir))
+  ids = [encoder.prompt_ids(r) for r in records]
+  files = [resolve_path(str(f)) for f in expand_paths(data)]
+  return store.record_prompts(ids, cfg, prefix=[isinstance(r, TextRecord) for r in records],
+                              meta={"data": files})
+
+
+def _load(workdir, mesh, axis_rules, cfg, hf=None, data=None):
+  """(model, tokenizer, prompts: a token stream or `store.Prompts`, resolved mesh, model dir)."""
+  from paraflax import loading
+  workdir, hf = loading.resolve(workdir, hf)
+  if hf and not data:
+    raise ValueError(NO_SPLIT)
   mesh = sharding.resolve_mesh(mesh, axis_rules)
-  model, tok, train_cfg = load_trained(workdir, mesh=mesh)
-  return model, tok, prepare_stdlib(train_cfg.data, tokenizer=tok).train_tokens, mesh
+  if hf:
+    from paraflax.hf import load_hf, load_hf_tokenizer
+    model, tok = load_hf(hf), load_hf_tokenizer(hf)  # placed on the mesh by `collect`
+  else:
+    model, tok, train_cfg = load_trained(workdir, mesh=mesh)
+  if data:
+    return model, tok, _record_prompts(hf or workdir, tok, data, cfg), mesh, hf or workdir
+  return (model, tok, prepare_stdlib(train_cfg.data, tokenizer=tok).train_tokens, mesh,
+          workdir)
 
 
 def _devices(mesh) -> dict:
@@ -30,28 +65,35 @@ def _devices(mesh) -> dict:
           "processes": jax.process_count()}
 
 
+def _counts(prompts) -> dict:
+  return prompts.counts if isinstance(prompts, store.Prompts) else {}
+
+
 def collect_trajectories(workdir, out, cfg: trajectories.CollectConfig, *, mesh=None,
-                         axis_rules=None) -> dict:
-  """`trajectories.collect` of a training workdir's model on prompts from its training split."""
-  model, tok, tokens, mesh = _load(workdir, mesh, axis_rules)
+                         axis_rules=None, hf=None, data=None) -> dict:
+  """`trajectories.collect` of a model (a training workdir, or an HF directory `hf`) on the
+  prompts of the JSONL records `data`, or of a workdir's training split. Returns a summary."""
+  model, tok, prompts, mesh, source = _load(workdir, mesh, axis_rules, cfg, hf, data)
   t0 = time.perf_counter()
-  out = trajectories.collect(model, tok, tokens, out, cfg, source=str(workdir), mesh=mesh)
+  out = trajectories.collect(model, tok, prompts, out, cfg, source=str(source), mesh=mesh)
   seconds = time.perf_counter() - t0
   iters = trajectories.load(out).iterations
   return {"out": str(out), "examples": len(iters), "block_size": cfg.block_size,
-          "mean_iterations_per_block": float(iters.mean()),
+          "mean_iterations_per_block": float(iters.mean()), **_counts(prompts),
           "seconds_this_run": round(seconds, 1), **_devices(mesh)}
 
 
-def teacher_data(workdir, out, cfg: teacher.TeacherConfig, *, mesh=None,
-                 axis_rules=None) -> dict:
-  """`teacher.collect` of a training workdir's model (the AR teacher) on prompts from its
-  training split: the DEER drafters' training data. Returns a summary."""
-  model, tok, tokens, mesh = _load(workdir, mesh, axis_rules)
+def teacher_data(workdir, out, cfg: teacher.TeacherConfig, *, mesh=None, axis_rules=None,
+                 hf=None, data=None) -> dict:
+  """`teacher.collect` of a model (the AR teacher: a training workdir, or an HF directory `hf`)
+  on the prompts of the JSONL records `data`, or of a workdir's training split: the DEER
+  drafters' training data. Returns a summary."""
+  model, tok, prompts, mesh, source = _load(workdir, mesh, axis_rules, cfg, hf, data)
   t0 = time.perf_counter()
-  out = teacher.collect(model, tok, tokens, out, cfg, source=str(workdir), mesh=mesh)
+  out = teacher.collect(model, tok, prompts, out, cfg, source=str(source), mesh=mesh)
   seconds = time.perf_counter() - t0
-  store = teacher.load(out)
-  return {"out": str(out), "examples": len(store.answers), "answer_len": cfg.answer_len,
-          "prompt_tokens": int(store.prompt_lens.sum()), "answer_tokens": int(store.answers.size),
+  store_ = teacher.load(out)
+  return {"out": str(out), "examples": len(store_.answers), "answer_len": cfg.answer_len,
+          "prompt_tokens": int(store_.prompt_lens.sum()),
+          "answer_tokens": int(store_.answers.size), **_counts(prompts),
           "seconds_this_run": round(seconds, 1), **_devices(mesh)}

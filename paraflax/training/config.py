@@ -206,7 +206,7 @@ RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_ever
                          "model.loss_chunk", "grad_accum"})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
-PATH_FIELDS = ("init_from", "data_source_args.path", "data.tokenizer")
+PATH_FIELDS = ("init_from", "data_source_args.path", "data_source_args.paths", "data.tokenizer")
 
 
 def _get(cfg: TrainConfig, dotted: str):
@@ -221,7 +221,8 @@ def _get(cfg: TrainConfig, dotted: str):
 def with_resolved_paths(cfg: TrainConfig) -> TrainConfig:
   """`cfg` with every `PATH_FIELDS` entry that is set resolved (`resolve_path`)."""
   paths = {k: _get(cfg, k) for k in PATH_FIELDS}
-  return apply_overrides(cfg, {k: resolve_path(v) for k, v in paths.items() if v is not None})
+  return apply_overrides(cfg, {k: [resolve_path(p) for p in v] if isinstance(v, (list, tuple))
+                               else resolve_path(v) for k, v in paths.items() if v})
 
 
 def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -2,6 +2,9 @@
 model from prompts of the training split: the Jacobi trajectory store (`trajectories.py`) and
 the DEER teacher store (`teacher.py`).
 
+Prompts come from random windows of a training workdir's token stream (`training_prompts`), or
+from JSONL records (`record_prompts`, the papers' setting: each record's own prompt).
+
 A store is a directory:
     meta.json       the settings it was made with (`examples`, `batch_size`, ...): a store made
                     with other settings is refused, never mixed (its `source` model
@@ -21,11 +24,13 @@ built from them (`paraflax.paths.kvstore`), so a store may live on `gs://`.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorstore as ts
@@ -58,6 +63,46 @@ def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
   for i, (s, n) in enumerate(zip(starts, lens)):
     prompts[i, :n] = tokens[s:s + n]
   return prompts, lens.astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prompts:
+  """Chosen prompts for a store, and how they were chosen."""
+  tokens: np.ndarray  # int32 [N, P] right-padded (P = max_prompt_len)
+  lengths: np.ndarray  # int32 [N]
+  meta: dict  # what they came from, kept in meta.json (a changed data file is not resumed)
+  counts: dict  # for the command's summary
+
+
+def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] = (),
+                   meta: Mapping | None = None) -> Prompts:
+  """At most `cfg.examples` of the records' prompt ids `ids`, each record at most once, in an
+  order drawn from `cfg.seed` (fewer records: all of them).
+
+  `prefix[i]`: record i is a document without a prompt (a text record), cut to its first n
+  tokens, n uniform in [min_prompt_len, max_prompt_len]. A prompt shorter than
+  `cfg.min_prompt_len` is skipped; one longer than `cfg.max_prompt_len` keeps its last
+  max_prompt_len tokens (the end, where the continuation starts). Both are counted.
+  """
+  rng = np.random.default_rng(cfg.seed)
+  lo, hi = cfg.min_prompt_len, cfg.max_prompt_len
+  prefix = list(prefix) or [False] * len(ids)
+  cuts = rng.integers(lo, hi + 1, len(ids))
+  ids = [list(x[:n]) if cut else list(x) for x, cut, n in zip(ids, prefix, cuts)]
+  usable = [i for i, x in enumerate(ids) if len(x) >= lo]
+  if not usable:
+    raise ValueError(f"none of the {len(ids)} records has a prompt of min_prompt_len={lo} "
+                     "tokens or more: lower --min-prompt-len")
+  order = [usable[j] for j in rng.permutation(len(usable))[:cfg.examples]]
+  tokens = np.zeros((len(order), hi), np.int32)
+  lengths = np.zeros(len(order), np.int32)
+  for row, i in enumerate(order):
+    kept = ids[i][-hi:]
+    tokens[row, :len(kept)], lengths[row] = kept, len(kept)
+  digest = hashlib.sha1(tokens.tobytes() + lengths.tobytes()).hexdigest()
+  counts = {"records": len(ids), "prompts_too_short": len(ids) - len(usable),
+            "prompts_cut_to_max": sum(len(ids[i]) > hi for i in order)}
+  return Prompts(tokens, lengths, {**(meta or {}), "prompts": digest}, counts)
 
 
 def open_array(path: Path, name: str, shape=None, chunk=None, *, create: bool = False):

@@ -57,24 +57,30 @@ def greedy_answers(model, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
   return np.asarray(out.tokens)
 
 
-def collect(model, tokenizer, tokens: np.ndarray, out: str | os.PathLike, cfg: TeacherConfig, *,
-            source: str = "", progress: bool = True, mesh=None, axis_rules=None) -> Path:
-  """Continue `cfg.examples` prompts drawn from `tokens` greedily with `model` and store
-  prompts and answers under `out`. Resumes a partial store made with the same settings (on
-  any mesh).
+def collect(model, tokenizer, tokens: np.ndarray | store.Prompts, out: str | os.PathLike,
+            cfg: TeacherConfig, *, source: str = "", progress: bool = True, mesh=None,
+            axis_rules=None) -> Path:
+  """Continue `cfg.examples` prompts greedily with `model` and store prompts and
+  answers under `out`: random windows of the token stream `tokens` (`training_prompts`), or
+  chosen `store.Prompts` (records' prompts: `examples` becomes their number).
+  Resumes a partial store made with the same settings (on any mesh).
 
   `mesh`, `axis_rules` as for `generate`: the model sharded by the rules, each batch's
   prompts split over the data axes; multi-host, each process writes its rows (`shares.py`)."""
   out = Path(out).expanduser()
+  chosen = tokens if isinstance(tokens, store.Prompts) else None
+  if chosen is not None:  # records' prompts: as many examples as were chosen
+    cfg = dataclasses.replace(cfg, examples=len(chosen.lengths))
   bs, p, a = cfg.batch_size, cfg.max_prompt_len, cfg.answer_len
   if p + a > model.cfg.max_seq_len:
     raise ValueError(f"max_prompt_len + answer_len = {p + a} exceeds the teacher's max_seq_len "
                      f"{model.cfg.max_seq_len}")
   meta = {**dataclasses.asdict(cfg), "source": str(source),
-          "tokenizer": tokenizer.fingerprint()}
+          "tokenizer": tokenizer.fingerprint(), **(chosen.meta if chosen is not None else {})}
   shapes = {"prompts": ((cfg.examples, p), (bs, p)), "prompt_lens": ((cfg.examples,), (bs,)),
             "answers": ((cfg.examples, a), (bs, a))}
-  prompts, lens = training_prompts(tokens, cfg)
+  prompts, lens = ((chosen.tokens, chosen.lengths) if chosen is not None else
+                   training_prompts(tokens, cfg))
   share = Share(sharding.resolve_mesh(mesh, axis_rules), bs)
   model = share.place(model)  # once, not per batch
 

@@ -45,7 +45,8 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
 
   L_AR: next-token cross entropy of the clean half (L-1 targets). L_diff: cross entropy of
   every mask slot against the clean token at its position (L targets). `block_size`: an int,
-  or a list of sizes drawn per row.
+  or a list of sizes drawn per row. With `loss_mask [B, L]` (JSONL records) only tokens i with
+  loss_mask[:, i] = 1 are targets, in both halves.
   """
   mask_id = model.cfg.mask_token_id
   if mask_id is None:
@@ -60,7 +61,11 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
   # slot i predicts x_i
   targets = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, :1], tokens_BxL], 1)
   nll, hit = token_nll(model, hidden_Bx2LxD, targets)
-  ar, ar_acc = Mean.of(nll[:, :l - 1]), Mean.of(hit[:, :l - 1])
-  diff, diff_acc = Mean.of(nll[:, l:]), Mean.of(hit[:, l:])
+  w_ar = w_diff = None
+  if "loss_mask" in batch:
+    w_diff = batch["loss_mask"].astype(bool)  # [B, L]: slot i predicts x_i
+    w_ar = w_diff[:, 1:]  # [B, L-1]: clean position i predicts x_{i+1}
+  ar, ar_acc = Mean.of(nll[:, :l - 1], w_ar), Mean.of(hit[:, :l - 1], w_ar)
+  diff, diff_acc = Mean.of(nll[:, l:], w_diff), Mean.of(hit[:, l:], w_diff)
   loss = Loss.of((alpha / (1.0 + alpha), ar), (1.0 / (1.0 + alpha), diff))
   return loss, {"ar_loss": ar, "diff_loss": diff, "accuracy": ar_acc, "diff_accuracy": diff_acc}

@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--prompts-file", metavar="FILE.jsonl", help="bench on these prompts "
                    "({\"prompt\": TEXT} or chat {\"messages\": [...]} records) instead of "
                    "HumanEval's (no pass@1 then)")
+    q.add_argument("--eval-data", metavar="FILE.jsonl", help="report every weights' loss on "
+                   "these records (text, prompt/response or chat; loss on responses)")
     _ints(q, max_new_tokens=64, max_prompt_tokens=192, batch_size=4)
     q.add_argument("--json", default=None, help="write per-method results to this file, and "
                    "the plots (bench_speed.png, bench_accepted.png) beside it")

@@ -8,7 +8,9 @@ from flax import nnx
 
 from paraflax.data import corpus
 from paraflax.data.packing import token_stream
+from paraflax.data.jsonl import read_records
 from paraflax.data.pipeline import DataConfig, validation_batches
+from paraflax.data.records import RecordEncoder, record_streams
 
 
 def heldout_batches(tokenizer, *, batches: int = 8, seq_len: int = 256, batch_size: int = 8,
@@ -19,6 +21,22 @@ def heldout_batches(tokenizer, *, batches: int = 8, seq_len: int = 256, batch_si
   cfg = DataConfig(seq_len=seq_len, batch_size=batch_size, cache_dir=cache_dir)
   stream = token_stream(docs, tokenizer, cfg.cache_dir, progress=False)
   return validation_batches(stream, cfg)[:batches]
+
+
+def records_batches(tokenizer, paths, model_dir, *, seq_len: int = 256,
+                    batch_size: int = 8) -> list[dict[str, np.ndarray]]:
+  """Every record of the JSONL `paths` encoded as training encodes them (the chat template of
+  `model_dir` when it has one; loss on responses), packed into `{"tokens", "loss_mask"}`
+  batches of `seq_len` (fewer rows than `batch_size`: one batch of them all)."""
+  from paraflax.hf.chat import ChatTemplate
+  encoder = RecordEncoder(tokenizer, ChatTemplate.of(model_dir))
+  tokens, mask = record_streams(read_records(paths), encoder, progress=False)
+  rows = len(tokens) // seq_len
+  if rows == 0:
+    raise ValueError(f"--eval-data {paths}: {len(tokens)} tokens, fewer than one row of "
+                     f"{seq_len}")
+  cfg = DataConfig(seq_len=seq_len, batch_size=min(batch_size, rows))
+  return validation_batches(tokens, cfg, mask)
 
 
 def heldout_metrics(model, batches, objective: str = "ar", args=()) -> dict[str, float]:

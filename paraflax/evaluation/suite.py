@@ -14,7 +14,8 @@ from paraflax.evaluation import infill_bench as ib
 from paraflax.evaluation.complete import prompt_ids, read_prompts
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts
 from paraflax.evaluation.methods import bench_methods, infill_methods
-from paraflax.evaluation.quality import heldout_batches, heldout_loss, heldout_metrics
+from paraflax.evaluation.quality import (heldout_batches, heldout_loss, heldout_metrics,
+                                         records_batches)
 from paraflax.loading import load_drafter, load_model, load_related
 
 
@@ -107,6 +108,13 @@ def run(models: Models, s: Settings, log=print) -> list:
         f"{w} {q['heldout_loss']:.3f}" for w, q in quality.items())
         + ("" if "tidar" not in quality else
            f"; tidar diffusion mode (block 8) {quality['tidar']['heldout_diffusion_loss']:.3f}"))
+  if s.eval_data:  # the user's data: loss on its responses, as training counts it
+    val = records_batches(tok, s.eval_data, models.workdir or models.hf,
+                          seq_len=min(256, model.cfg.max_seq_len))
+    for w, m in weights.items():
+      quality[w]["eval_data_loss"] = heldout_loss(m, val)
+    log(f"loss on {s.eval_data} (nats/token, AR mode, {sum(b['loss_mask'][:, 1:].sum() for b in val)}"
+        " target tokens): " + ", ".join(f"{w} {q['eval_data_loss']:.3f}" for w, q in quality.items()))
   infill_rows = []
   if models.asarm_workdir:
     asarm = load_related(models.asarm_workdir, tok, model.cfg.vocab_size, "--asarm-workdir")

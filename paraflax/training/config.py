@@ -123,7 +123,8 @@ class TrainConfig:
       raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
                        f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "
                        "model.max_seq_len")
-    if self.data.vocab_size > self.model.vocab_size:
+    if self.data.tokenizer is None and self.data.vocab_size > self.model.vocab_size:
+      # with data.tokenizer, data.vocab_size is unused: the trainer checks the tokenizer itself
       raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
                        f"model.vocab_size={self.model.vocab_size}")
     source = get_source(self.data_source, self.data_source_args)

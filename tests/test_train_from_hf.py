@@ -151,23 +151,32 @@ def test_the_model_tokenizer_and_method_ids_come_from_the_hf_dir(dirs, data_file
   fim = dataclasses.replace(tidar, data=dataclasses.replace(tidar.data, mask_token=EOT))
   reserved = from_hf(fim, exact, [data_file])  # a token the tokenizer has keeps its id
   assert (reserved.model.mask_token_id, reserved.model.vocab_size) == (0, ids)
+  jf = load_config(CONFIGS / "jacobi_forcing_r1.py")
   with pytest.raises(ValueError, match=r"trains on a trajectories store.*paraflax "
                      r"collect-trajectories --hf .* --data FILE"):
-    from_hf(load_config(CONFIGS / "jacobi_forcing_r1.py"), exact, [data_file])
+    from_hf(jf, exact, [data_file])
+  store = from_hf(jf, exact)  # no --data: the recipe's store, collected from the HF model
+  assert (store.data_source, store.init_from, store.data.tokenizer) == (
+      "trajectories", str(exact.resolve()), str(exact.resolve()))
 
 
 @pytest.mark.fast
 def test_added_tokens_start_at_the_mean_row_and_reserved_ones_keep_theirs(dirs, data_file):
-  for name, cfg in (("exact", "tidar_scratch.py"), ("padded", "tidar_scratch.py")):
-    cfg = from_hf(load_config(CONFIGS / cfg), dirs[name], [data_file])
+  tidar = load_config(CONFIGS / "tidar_scratch.py")
+  fim = dataclasses.replace(tidar, data=dataclasses.replace(tidar.data, mask_token=EOT))
+  for name, recipe in (("exact", tidar), ("padded", tidar), ("exact", fim)):
+    cfg = from_hf(recipe, dirs[name], [data_file])
     ref = _hf_model(dirs[name])
     emb = ref.model.embed_tokens.weight.detach().numpy()  # [rows, D]
     known = loading.load_tokenizer(dirs[name]).vocab_size
     _, params = initial_params(cfg, None)
     got = np.asarray(params["embed"].get_value())  # [V, D]
-    mask = cfg.model.mask_token_id
-    assert mask == known and got.shape[0] == max(emb.shape[0], known + 1)
     np.testing.assert_allclose(got[:known], emb[:known], rtol=0, atol=0)
+    mask = cfg.model.mask_token_id
+    if recipe is fim:  # a reserved token: its trained row, no growth
+      assert mask == 0 and got.shape == emb.shape
+      continue
+    assert mask == known and got.shape[0] == max(emb.shape[0], known + 1)
     np.testing.assert_allclose(got[mask], emb[:known].mean(0), rtol=0, atol=1e-6)
     if not cfg.model.tie_embeddings:  # the untied head's new column: the mean column
       head = np.asarray(params["lm_head"].get_value())  # [D, V]
@@ -190,6 +199,8 @@ def test_ar_sft_from_hf_matches_transformers_then_generates_and_exports(
                         labels=torch.tensor(b["tokens"]).long()).loss) for b in val]
   step0 = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][0]
   assert step0["step"] == 0 and step0["val_loss"] == pytest.approx(np.mean(losses), abs=1e-4)
+  again = _train(capsys, "micro_ar.py", hf, data_file, run)  # the same command resumes
+  assert (again["start_step"], again["step"]) == (3, 3)
 
   assert cli.main(["generate", "--workdir", str(run), "--decoder", "ar", "--prompt",
                    "def f3(x):", "--max-new-tokens", "6", "--json"]) == 0

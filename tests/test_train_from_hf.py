@@ -14,6 +14,7 @@ import pytest
 import tokenizers
 import torch
 import transformers
+from flax import nnx
 
 import paraflax as pf
 from paraflax import cli, loading
@@ -21,6 +22,7 @@ from paraflax.data import corpus, source as data_source
 from paraflax.data.jsonl import jsonl_documents
 from paraflax.data.pipeline import prepare_documents, train_iterator, validation_batches
 from paraflax.data.source import TrainData
+from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
@@ -251,3 +253,27 @@ def test_another_tokenizer_or_a_neither_kind_dir_is_refused(capsys, dirs, data_f
                    str(tmp_path / "r3"), "--hf", str(tmp_path / "neither")]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "is not a Hugging Face directory" in err
+
+
+@pytest.mark.fast
+def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dirs, tmp_path):
+  """Step-0 weights of the DEER drafter recipe on the HF model: <mask> and <sep> added (rows
+  grown past the padding), exported with both as specials and transformers' logits."""
+  hf = dirs["exact"]
+  cfg = from_hf(load_config(CONFIGS / "deer_drafter_stage1.py"), hf)
+  known = loading.load_tokenizer(hf).vocab_size
+  assert (cfg.model.mask_token_id, cfg.model.sep_token_id, cfg.model.vocab_size) == (
+      known, known + 1, known + 2)
+  model = nnx.merge(*initial_params(cfg, None))
+  tok = loading.load_tokenizer(hf, mask_token=cfg.data.mask_token, sep_token=cfg.data.sep_token)
+  export_hf(model, tmp_path / "out", tokenizer=tok)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+  assert [hf_tok.convert_tokens_to_ids(t) for t in ("<mask>", "<sep>")] == [known, known + 1]
+  tokens = np.random.RandomState(2).randint(0, cfg.model.vocab_size, (2, 16))
+  with torch.no_grad():
+    got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(got, _pf_logits(model, tokens), atol=1e-4, rtol=0)
+  asarm = from_hf(load_config(CONFIGS / "asarm.py"), hf)
+  assert asarm.model.two_stream
+  with pytest.raises(ValueError, match="two_stream"):
+    export_hf(nnx.merge(*initial_params(asarm, None)), tmp_path / "no", tokenizer=tok)

@@ -72,8 +72,8 @@ def check_init_from(cfg: TrainConfig, tokenizer: Tokenizer, tokenizer_source: st
     raise ValueError(
         f"tokenizer mismatch: init_from's weights were trained with "
         f"{str(as_path(cfg.init_from) / TOKENIZER)!r}{plus} (vocab {theirs.vocab_size}, "
-        f"fingerprint {theirs.fingerprint()[:12]}) but this run's data is tokenized with {tokenizer_source} "
-        f"(vocab {tokenizer.vocab_size}, fingerprint {tokenizer.fingerprint()[:12]}); set "
+        f"fingerprint {theirs.fingerprint()[:12]}) but this run's data is tokenized with "
+        f"{tokenizer_source} (vocab {tokenizer.vocab_size}, fingerprint {tokenizer.fingerprint()[:12]}); set "
         f"data.tokenizer={cfg.init_from!r} (what `train --hf` does), train on data made with "
         "init_from's tokenizer (e.g. a store collected from it) or drop init_from")
 

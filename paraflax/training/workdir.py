@@ -73,9 +73,10 @@ def check_init_from(cfg: TrainConfig, tokenizer: Tokenizer, tokenizer_source: st
         f"tokenizer mismatch: init_from's weights were trained with "
         f"{str(as_path(cfg.init_from) / TOKENIZER)!r}{plus} (vocab {theirs.vocab_size}, "
         f"fingerprint {theirs.fingerprint()[:12]}) but this run's data is tokenized with "
-        f"{tokenizer_source} (vocab {tokenizer.vocab_size}, fingerprint {tokenizer.fingerprint()[:12]}); set "
-        f"data.tokenizer={cfg.init_from!r} (what `train --hf` does), train on data made with "
-        "init_from's tokenizer (e.g. a store collected from it) or drop init_from")
+        f"{tokenizer_source} (vocab {tokenizer.vocab_size}, fingerprint "
+        f"{tokenizer.fingerprint()[:12]}); set data.tokenizer={cfg.init_from!r} (what "
+        "`train --hf` does), train on data made with init_from's tokenizer (e.g. a store "
+        "collected from it) or drop init_from")
 
 
 VOCAB_AXIS = {("embed",): 0, ("lm_head",): 1}  # embed [V, D], lm_head [D, V]
@@ -98,8 +99,8 @@ def grow_vocab(value, rows: int, axis: int, added: range):
 
 
 def _source_params(cfg: TrainConfig, mesh):
-  """(flat params, tokenizer) of `cfg.init_from`: an HF checkpoint (in the run's dtypes) or a
-  training workdir's latest step."""
+  """{path: Param} of `cfg.init_from`: an HF checkpoint (in the run's dtypes) or a training
+  workdir's latest step."""
   if is_hf_dir(cfg.init_from):
     from paraflax.hf import load_hf  # heavy: only when starting from an HF checkpoint
     source = load_hf(cfg.init_from, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)

@@ -3,6 +3,7 @@ with its own tokenizer and weights (step-0 loss = transformers' loss on the same
 the method tokens it lacks (rows = the mean row), and exports back; a run whose data another
 tokenizer encoded is refused, naming both."""
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -25,6 +26,7 @@ from paraflax.data.source import TrainData
 from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
+from paraflax.training.__main__ import add_arguments, config_from_args
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
 from paraflax.training.from_hf import from_hf
 from paraflax.training.trainer import open_data, train
@@ -277,3 +279,25 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   assert asarm.model.two_stream
   with pytest.raises(ValueError, match="two_stream"):
     export_hf(nnx.merge(*initial_params(asarm, None)), tmp_path / "no", tokenizer=tok)
+
+
+@pytest.mark.fast
+def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
+  """--set applies before --hf resolves (data.mask_token picks a reserved token) and again
+  after (data_source_args.* are the jsonl source's, model.* win); --data alone keeps a BPE."""
+  parser = argparse.ArgumentParser()
+  add_arguments(parser)
+
+  def config(*argv):
+    return config_from_args(parser.parse_args(["--config", str(CONFIGS / "tidar_scratch.py"),
+                                               "--workdir", "w", *argv]))
+
+  cfg = config("--hf", str(dirs["exact"]), "--data", str(data_file), "--data", str(data_file),
+               "--set", f"data.mask_token={EOT}", "--set", "data_source_args.val_fraction=0.3",
+               "--set", "model.remat=full", "--steps", "7")
+  assert (cfg.model.mask_token_id, cfg.model.remat, cfg.steps) == (0, "full", 7)
+  assert dict(cfg.data_source_args)["val_fraction"] == 0.3
+  assert dict(cfg.data_source_args)["paths"] == [str(data_file.resolve())] * 2
+  plain = config("--data", str(data_file))
+  assert (plain.data_source, plain.data.tokenizer, plain.init_from) == ("jsonl", None, None)
+  assert plain.model == load_config(CONFIGS / "tidar_scratch.py").model

@@ -99,6 +99,9 @@ class _Jsonl:
   paths: Any = ()
   val_fraction: float = 0.05
 
+  def __post_init__(self):
+    object.__setattr__(self, "paths", tuple(self.paths))  # a JSON list reads back equal
+
   def open(self, data, *, progress: bool = True) -> TrainData:
     docs = [d for p in self.paths for d in jsonl_documents(Path(p))]
     split = [corpus.split_of(d, self.val_fraction) for d in docs]
@@ -147,8 +150,8 @@ def test_the_model_tokenizer_and_method_ids_come_from_the_hf_dir(dirs, data_file
   assert (ar.model.vocab_size, ar.model.d_model, ar.model.tie_embeddings) == (320, 32, False)
   assert ar.model.qkv_bias and ar.model.mask_token_id is None and ar.model.max_seq_len == 64
   assert ar.init_from == ar.data.tokenizer == str(padded.resolve())
-  assert (ar.data_source, dict(ar.data_source_args)["paths"]) == ("jsonl",
-                                                                  [str(data_file.resolve())])
+  assert (ar.data_source, tuple(dict(ar.data_source_args)["paths"])) == (
+      "jsonl", (str(data_file.resolve()),))
   tidar = from_hf(load_config(CONFIGS / "tidar_scratch.py"), exact, [data_file])
   assert (tidar.data.mask_token, tidar.model.mask_token_id) == ("<mask>", ids)  # a new id
   assert tidar.model.vocab_size == ids + 1 and tidar.model.tie_embeddings  # one row grown
@@ -297,7 +300,7 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
                "--set", "model.remat=full", "--steps", "7")
   assert (cfg.model.mask_token_id, cfg.model.remat, cfg.steps) == (0, "full", 7)
   assert dict(cfg.data_source_args)["val_fraction"] == 0.3
-  assert dict(cfg.data_source_args)["paths"] == [str(data_file.resolve())] * 2
+  assert tuple(dict(cfg.data_source_args)["paths"]) == (str(data_file.resolve()),) * 2
   plain = config("--data", str(data_file))
   assert (plain.data_source, plain.data.tokenizer, plain.init_from) == ("jsonl", None, None)
   assert plain.model == load_config(CONFIGS / "tidar_scratch.py").model

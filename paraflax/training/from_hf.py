@@ -46,7 +46,7 @@ def with_data(cfg: TrainConfig, data_paths: Sequence[str], hf_dir: str | None = 
         "`--set data_source_args.path=STORE` instead of --data")
   args = dict(cfg.data_source_args) if cfg.data_source == "jsonl" else {}
   args.pop("path", None)  # today's single-file argument, replaced by `paths`
-  args["paths"] = [resolve_path(str(p)) for p in data_paths]
+  args["paths"] = tuple(resolve_path(str(p)) for p in data_paths)
   return dataclasses.replace(cfg, data_source="jsonl", data_source_args=args)
 
 

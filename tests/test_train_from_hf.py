@@ -304,3 +304,26 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
   plain = config("--data", str(data_file))
   assert (plain.data_source, plain.data.tokenizer, plain.init_from) == ("jsonl", None, None)
   assert plain.model == load_config(CONFIGS / "tidar_scratch.py").model
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unmarked(_Jsonl):
+  """Rows encoded with data.tokenizer without the method tokens, as a store collected from
+  the base model is (the objective fills in <mask>/<sep> ids itself)."""
+
+  def open(self, data, *, progress: bool = True) -> TrainData:
+    return super().open(dataclasses.replace(data, mask_token=None, sep_token=None))
+
+
+@pytest.mark.fast
+def test_data_without_the_method_tokens_trains_and_the_workdir_gains_them(
+    dirs, data_file, tmp_path, monkeypatch):
+  monkeypatch.setitem(data_source.SOURCES, "unmarked", _Unmarked)
+  hf = dirs["exact"]
+  cfg = apply_overrides(from_hf(load_config(CONFIGS / "tidar_scratch.py"), hf), {
+      "data.seq_len": 32, "data.batch_size": 4, "data.cache_dir": str(tmp_path / "c"),
+      "data_source": "unmarked", "data_source_args.paths": [str(data_file)],
+      "data_source_args.val_fraction": 0.3})
+  train(cfg, tmp_path / "run", progress=False, max_steps=0)  # checks, then saves the tokenizer
+  saved = pf.data.tokenizer.Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+  assert saved.mask_id == cfg.model.mask_token_id == loading.load_tokenizer(hf).vocab_size

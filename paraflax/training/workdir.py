@@ -45,6 +45,15 @@ def check_workdir(cfg: TrainConfig, workdir: epath.Path, tokenizer: Tokenizer) -
                        "built from the data config (did the corpus change?); use a fresh workdir")
 
 
+def with_method_tokens(tokenizer: Tokenizer, data) -> Tokenizer:
+  """`tokenizer` with the run's method tokens (`data.mask_token` / `sep_token` of a
+  `DataConfig`) in their roles, added when it lacks them: the run's tokenizer, whose ids the
+  model has rows for, whether the data came encoded with them (text) or not (a store
+  collected from the base model, whose rows the objective fills with <mask>/<sep> ids)."""
+  roles = {k: v for k, v in (("mask", data.mask_token), ("sep", data.sep_token)) if v}
+  return tokenizer.with_special_tokens(roles) if roles else tokenizer
+
+
 def init_from_tokenizer(cfg: TrainConfig, *, method_tokens: bool = True) -> Tokenizer:
   """The tokenizer `cfg.init_from`'s weights were trained with (an HF directory's, a workdir's
   or a `paraflax convert` output's), with the run's method tokens (`data.mask_token` /
@@ -54,9 +63,8 @@ def init_from_tokenizer(cfg: TrainConfig, *, method_tokens: bool = True) -> Toke
     raise FileNotFoundError(f"init_from={cfg.init_from!r} is neither a training workdir "
                             "(config.json + tokenizer.json + checkpoints/) nor a Hugging Face "
                             "directory (config.json + *.safetensors + tokenizer.json)")
-  if not method_tokens:
-    return load_tokenizer(path)
-  return load_tokenizer(path, mask_token=cfg.data.mask_token, sep_token=cfg.data.sep_token)
+  tok = load_tokenizer(path)
+  return with_method_tokens(tok, cfg.data) if method_tokens else tok
 
 
 def check_init_from(cfg: TrainConfig, tokenizer: Tokenizer, tokenizer_source: str) -> None:

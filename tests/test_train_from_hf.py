@@ -327,3 +327,13 @@ def test_data_without_the_method_tokens_trains_and_the_workdir_gains_them(
   train(cfg, tmp_path / "run", progress=False, max_steps=0)  # checks, then saves the tokenizer
   saved = pf.data.tokenizer.Tokenizer.load(tmp_path / "run" / "tokenizer.json")
   assert saved.mask_id == cfg.model.mask_token_id == loading.load_tokenizer(hf).vocab_size
+
+
+@pytest.mark.fast
+def test_dry_run_with_hf_compiles_the_hf_architecture(capsys, dirs, data_file):
+  hf = dirs["padded"]
+  assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir", "unused",
+                   "--hf", str(hf), "--data", str(data_file), "--set", "data.seq_len=32",
+                   "--set", "data.batch_size=4", "--dry-run"]) == 0
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert report["params"] == sum(p.numel() for p in _hf_model(hf).parameters())

@@ -160,7 +160,8 @@ def test_the_model_tokenizer_and_method_ids_come_from_the_hf_dir(dirs, data_file
   assert (reserved.model.mask_token_id, reserved.model.vocab_size) == (0, ids)
   jf = load_config(CONFIGS / "jacobi_forcing_r1.py")
   with pytest.raises(ValueError, match=r"trains on a trajectories store.*paraflax "
-                     r"collect-trajectories --hf .* --data FILE"):
+                     r"collect-trajectories --hf .* --data FILE --out STORE`, then train with "
+                     r"`--set data_source_args.path=STORE`"):
     from_hf(jf, exact, [data_file])
   store = from_hf(jf, exact)  # no --data: the recipe's store, collected from the HF model
   assert (store.data_source, store.init_from, store.data.tokenizer) == (

@@ -42,7 +42,7 @@ def with_data(cfg: TrainConfig, data_paths: Sequence[str], hf_dir: str | None = 
     model = f"--hf {hf_dir}" if hf_dir else "--workdir MODEL"
     raise ValueError(
         f"objective {cfg.objective!r} trains on a {source} store, not on text: collect it first "
-        f"with `paraflax {STORES[source]} {model} --data FILE` and train with "
+        f"with `paraflax {STORES[source]} {model} --data FILE --out STORE`, then train with "
         "`--set data_source_args.path=STORE` instead of --data")
   args = dict(cfg.data_source_args) if cfg.data_source == "jsonl" else {}
   args.pop("path", None)  # today's single-file argument, replaced by `paths`

@@ -1,8 +1,11 @@
-"""`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`.
+"""`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`
+`[--hf HF_DIR] [--data FILE.jsonl ...] [--set NAME=VALUE ...]`.
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
 With `--dry-run` it trains nothing and writes nothing: it compiles one step of the config
 with abstract shapes and prints XLA's memory report as JSON (`dry_run.py`).
+With `--hf DIR` the config is a recipe retargeted at a Hugging Face model (`from_hf.py`);
+`--data FILE.jsonl` trains on the user's JSON Lines (data source "jsonl").
 Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
 PARAFLAX_* environment, see `paraflax.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
 """
@@ -10,6 +13,7 @@ PARAFLAX_* environment, see `paraflax.distributed`) and a mesh, e.g. `--set mesh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -39,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="NAME=VALUE", help="dotted config override, repeatable (e.g. "
                       "optim.peak_lr=1e-3, mesh=(2,2,2))")
+  parser.add_argument("--hf", metavar="DIR", default=None, help="start from this Hugging Face "
+                      "directory: its architecture, weights and tokenizer (the config gives the "
+                      "method, optimiser and loop; method tokens <mask>/<sep> are added when "
+                      "the recipe needs them: data.mask_token/data.sep_token pick others)")
+  parser.add_argument("--data", metavar="FILE.jsonl", action="append", default=[],
+                      help="train on this JSON Lines file ({\"text\"} or {\"prompt\", "
+                      "\"response\"} records), repeatable; without --hf the tokenizer is a "
+                      "trained BPE, or data.tokenizer's")
   parser.add_argument("--dry-run", action="store_true", help="compile one step with abstract "
                       "shapes (no weights, no data, nothing written) and print its memory as "
                       "JSON: argument_bytes, temp_bytes, ... per device")
@@ -49,14 +61,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
   """Train (or, with --dry-run, compile one step) as the parsed flags say; the summary."""
   distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
-  overrides = parse_overrides(args.overrides)
+  cfg = config_from_args(args)
   if args.dry_run:
-    from paraflax.training.dry_run import dry_run_from_config_path
-    return dry_run_from_config_path(args.config, overrides)
-  from paraflax.training.trainer import train_from_config_path
-  return train_from_config_path(args.config, args.workdir, steps=args.steps,
-                                overrides=overrides, progress=not args.no_progress,
-                                max_steps=args.max_steps)
+    from paraflax.training.dry_run import dry_run
+    return dry_run(cfg)
+  from paraflax.training.trainer import train
+  return train(cfg, args.workdir, progress=not args.no_progress, max_steps=args.max_steps)
+
+
+def config_from_args(args: argparse.Namespace):
+  """The run's TrainConfig: the config file with --set applied, retargeted at --hf and --data
+  (`from_hf.py`), --set applied again so that it wins over what --hf derives, then --steps."""
+  from paraflax.training.config import apply_overrides, load_config
+  from paraflax.training.from_hf import from_hf, with_data
+  overrides = parse_overrides(args.overrides)
+  # with --data, data_source_args.* name the jsonl source's arguments: set after retargeting
+  first = {k: v for k, v in overrides.items()
+           if not (args.data and k.startswith("data_source_args."))}
+  cfg = apply_overrides(load_config(args.config), first)
+  if args.hf:
+    cfg = from_hf(cfg, args.hf, args.data)
+  elif args.data:
+    cfg = with_data(cfg, args.data)
+  if args.hf or args.data:
+    cfg = apply_overrides(cfg, overrides)
+  if args.steps is not None:
+    cfg = dataclasses.replace(cfg, steps=args.steps)
+  return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,7 +76,9 @@ class TrainConfig:
   "stdlib" and "jsonl" read). The source's rows must carry the batch fields the objective
   reads.
   `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
-  continual pretraining).
+  continual pretraining) or a Hugging Face checkpoint's (`loading.is_hf_dir`); the data's
+  tokenizer must be its tokenizer (plus the method tokens `data.mask_token` / `sep_token`, whose
+  rows the embedding gains: `workdir.initial_params`). `train --hf` sets it (`from_hf.py`).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for
   the rest, or a mapping such as `{"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}`)
   shards params, optimizer state and batches over a device mesh (`sharding.py`).
@@ -100,7 +102,7 @@ class TrainConfig:
   data_source: str = "stdlib"
   data_source_args: Any = ()  # Mapping[str, Any] or pairs -> sorted pairs, defaults included
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) sizes or a mapping -> MeshConfig
-  init_from: str | None = None  # a training workdir whose latest params start this run
+  init_from: str | None = None  # a training workdir or HF directory whose params start the run
   grad_accum: int = 1  # micro-batches per step (divides data.batch_size)
 
   def __post_init__(self):
@@ -123,7 +125,8 @@ class TrainConfig:
       raise ValueError(f"sequence length data.seq_len={self.data.seq_len} is above the model's "
                        f"max_seq_len={self.model.max_seq_len}: lower seq_len or raise "
                        "model.max_seq_len")
-    if self.data.vocab_size > self.model.vocab_size:
+    if self.data.tokenizer is None and self.data.vocab_size > self.model.vocab_size:
+      # with data.tokenizer, data.vocab_size is unused: the trainer checks the tokenizer itself
       raise ValueError(f"{VOCAB_MISMATCH}: data.vocab_size={self.data.vocab_size} (tokenizer) > "
                        f"model.vocab_size={self.model.vocab_size}")
     source = get_source(self.data_source, self.data_source_args)

@@ -51,7 +51,7 @@ from paraflax.training.objectives import STEP, objective
 from paraflax.training.step import (eval_step, evaluate, init_opt_state, init_params,  # noqa: F401
                                     jit_train_step, keys, mean_loss, train_step)
 from paraflax.training.workdir import (CONFIG, TOKENIZER, check_init_from, check_workdir,
-                                       initial_params, load_trained)
+                                       initial_params, load_trained, with_method_tokens)
 
 
 class _Meter:
@@ -206,15 +206,17 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
 
 
 def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: bool) -> TrainData:
-  """The opened data, once its tokenizer fits the model, a resumed workdir's config and
-  tokenizer match and `init_from` shares it; then process 0 saves config and tokenizer."""
+  """The opened data, once the run's tokenizer (the data's with the method tokens
+  `data.mask_token` / `sep_token`) fits the model, a resumed workdir's config and tokenizer
+  match and `init_from` shares it; then process 0 saves config and tokenizer."""
   data = open_data(cfg, progress)
-  cfg.check_tokenizer(data.tokenizer)
-  check_workdir(cfg, workdir, data.tokenizer)
-  check_init_from(cfg, data.tokenizer, data.tokenizer_source)
+  tokenizer = with_method_tokens(data.tokenizer, cfg.data)
+  cfg.check_tokenizer(tokenizer)
+  check_workdir(cfg, workdir, tokenizer)
+  check_init_from(cfg, tokenizer, data.tokenizer_source)
   if main:
     write_json(workdir / CONFIG, cfg.to_dict())
-    data.tokenizer.save(workdir / TOKENIZER)
+    tokenizer.save(workdir / TOKENIZER)
   return data
 
 

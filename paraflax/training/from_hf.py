@@ -1,0 +1,74 @@
+"""`paraflax train --hf DIR --data FILE.jsonl`: a recipe config retargeted at a Hugging Face
+model and the user's data.
+
+    cfg = from_hf(load_config("configs/tidar_continual.py"), "~/models/qwen2.5-0.5b",
+                  ["train.jsonl"])
+
+The recipe gives the method (objective and its arguments, `mask_token_id` / `sep_token_id`
+needed or not, `two_stream`), the optimiser, the loop and run control (`remat`,
+`scan_layers`, `attention`, `loss_chunk`, dtypes); DIR gives the architecture (its
+config.json), the weights (`init_from`) and the tokenizer (`data.tokenizer`), with the
+method tokens (`data.mask_token` / `data.sep_token`, "<mask>" / "<sep>" unless set) added
+when it lacks them. `model.vocab_size` covers both the checkpoint's rows and the tokenizer's
+ids: the trainer grows the embedding for tokens the checkpoint has no rows for
+(`workdir.initial_params`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from paraflax import loading
+from paraflax.hf.config import model_config_from_hf, read_hf_config
+from paraflax.paths import resolve_path
+from paraflax.training.config import TrainConfig
+from paraflax.training.objectives import objective
+
+MASK, SEP = "<mask>", "<sep>"  # the method tokens' default strings
+# data sources that are stores made by a command from a model and prompts
+STORES = {"trajectories": "collect-trajectories", "teacher": "teacher-data"}
+# what the recipe keeps of its model: run control, and its precision (a training choice; a
+# bfloat16 checkpoint trains in float32 unless the recipe says otherwise)
+KEPT = ("remat", "scan_layers", "attention", "loss_chunk", "dtype", "param_dtype")
+
+
+def with_data(cfg: TrainConfig, data_paths: Sequence[str], hf_dir: str | None = None
+              ) -> TrainConfig:
+  """`cfg` training on the JSON Lines files `data_paths` (data source "jsonl"; the recipe's
+  other jsonl arguments are kept). A recipe that trains on a store refuses them."""
+  source = objective(cfg.objective).source
+  if source in STORES:
+    model = f"--hf {hf_dir}" if hf_dir else "--workdir MODEL"
+    raise ValueError(
+        f"objective {cfg.objective!r} trains on a {source} store, not on text: collect it first "
+        f"with `paraflax {STORES[source]} {model} --data FILE --out STORE`, then train with "
+        "`--set data_source_args.path=STORE` instead of --data")
+  args = dict(cfg.data_source_args) if cfg.data_source == "jsonl" else {}
+  args.pop("path", None)  # today's single-file argument, replaced by `paths`
+  args["paths"] = tuple(resolve_path(str(p)) for p in data_paths)
+  return dataclasses.replace(cfg, data_source="jsonl", data_source_args=args)
+
+
+def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> TrainConfig:
+  """The recipe `cfg` starting from the Hugging Face checkpoint `hf_dir` (its architecture,
+  weights and tokenizer), on `data_paths` (JSON Lines) when given, else on the recipe's
+  data source encoded with `hf_dir`'s tokenizer (a store collected from it, or text)."""
+  if not loading.is_hf_dir(hf_dir):
+    raise ValueError(f"--hf {hf_dir!r} is not a Hugging Face directory (expected config.json "
+                     "+ *.safetensors + tokenizer.json)")
+  hf_dir = resolve_path(str(hf_dir))
+  recipe = cfg.model
+  data = cfg.data
+  mask = data.mask_token or (MASK if recipe.mask_token_id is not None else None)
+  sep = data.sep_token or (SEP if recipe.sep_token_id is not None else None)
+  tok = loading.load_tokenizer(hf_dir, mask_token=mask, sep_token=sep)  # [V_tok] ids
+  arch = model_config_from_hf(read_hf_config(hf_dir))
+  model = dataclasses.replace(
+      arch, vocab_size=max(arch.vocab_size, tok.vocab_size),  # rows for added tokens
+      max_seq_len=max(arch.max_seq_len, data.seq_len),
+      mask_token_id=tok.mask_id if mask else None, sep_token_id=tok.sep_id if sep else None,
+      two_stream=recipe.two_stream, **{k: getattr(recipe, k) for k in KEPT})
+  data = dataclasses.replace(data, tokenizer=hf_dir, mask_token=mask, sep_token=sep)
+  cfg = dataclasses.replace(cfg, model=model, data=data, init_from=hf_dir)
+  return with_data(cfg, data_paths, hf_dir) if data_paths else cfg

@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +18,8 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax import cli, loading
-from paraflax.data import corpus, source as data_source
-from paraflax.data.jsonl import jsonl_documents
-from paraflax.data.pipeline import prepare_documents, train_iterator, validation_batches
-from paraflax.data.source import TrainData
+from paraflax.data import source as data_source
+from paraflax.data.text import JsonlData
 from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
@@ -90,38 +87,9 @@ def data_file(tmp_path_factory) -> Path:
   return path
 
 
-@dataclasses.dataclass(frozen=True)
-class _Jsonl:
-  """The "jsonl" source as the data branch makes it (`paths`, encoded with `data.tokenizer`),
-  for as long as this branch's one lacks it."""
-
-  fields: ClassVar[tuple[str, ...]] = ("tokens",)
-  paths: Any = ()
-  val_fraction: float = 0.05
-
-  def __post_init__(self):
-    object.__setattr__(self, "paths", tuple(self.paths))  # a JSON list reads back equal
-
-  def open(self, data, *, progress: bool = True) -> TrainData:
-    docs = [d for p in self.paths for d in jsonl_documents(Path(p))]
-    split = [corpus.split_of(d, self.val_fraction) for d in docs]
-    tok = None if data.tokenizer is None else loading.load_tokenizer(
-        data.tokenizer, mask_token=data.mask_token, sep_token=data.sep_token)
-    prepared = prepare_documents([d for d, s in zip(docs, split) if s == "train"],
-                                 [d for d, s in zip(docs, split) if s == "validation"],
-                                 dataclasses.replace(data, progress=False), tokenizer=tok)
-    return TrainData(train_iterator(prepared.train_tokens, data),
-                     validation_batches(prepared.val_tokens, data),
-                     prepared.tokenizer, data.seq_len,
-                     tokenizer_source=f"the tokenizer of {data.tokenizer!r}")
-
-
 @pytest.fixture(autouse=True)
 def _env(tmp_path, monkeypatch):
   monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
-  cls = data_source.SOURCES["jsonl"]
-  if "paths" not in {f.name for f in dataclasses.fields(cls)}:
-    monkeypatch.setitem(data_source.SOURCES, "jsonl", _Jsonl)
 
 
 def _train(capsys, config: str, hf: Path, data: Path, workdir: Path, *flags) -> dict:
@@ -308,11 +276,11 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Unmarked(_Jsonl):
+class _Unmarked(JsonlData):
   """Rows encoded with data.tokenizer without the method tokens, as a store collected from
   the base model is (the objective fills in <mask>/<sep> ids itself)."""
 
-  def open(self, data, *, progress: bool = True) -> TrainData:
+  def open(self, data, *, progress: bool = True):
     return super().open(dataclasses.replace(data, mask_token=None, sep_token=None))
 
 

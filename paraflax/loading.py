@@ -53,11 +53,10 @@ def load_model(workdir=None, hf=None):
     tok = hf_io.load_hf_tokenizer(hf)
     return hf_io.load_hf(hf), tok, lambda text: hf_io.encode_prompt(tok, text)
   from paraflax.training import load_trained
-  model, tok, _ = load_trained(workdir)
-  if (epath.Path(workdir) / "hf_config.json").is_file():  # converted: keep the HF EOS/BOS
-    tok = hf_io.load_hf_tokenizer(workdir)
-    return model, tok, lambda text: hf_io.encode_prompt(tok, text)
-  return model, tok, tok.encode
+  model, tok, _ = load_trained(workdir)  # the tokenizer with its saved roles (BOS, EOS set)
+  if tok.has_default_roles():  # a paraflax BPE: text encodes as is
+    return model, tok, tok.encode
+  return model, tok, lambda text: hf_io.encode_prompt(tok, text)  # as HF: its BOS first
 
 
 def load_related(workdir, tok, vocab_size: int, flag: str):

@@ -226,7 +226,7 @@ def test_another_tokenizer_or_a_neither_kind_dir_is_refused(capsys, dirs, data_f
   assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir",
                    str(tmp_path / "r3"), "--hf", str(tmp_path / "neither")]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "is not a Hugging Face directory" in err
+  assert len(err.splitlines()) == 1 and "is not a model directory: expected a paraflax workdir" in err
 
 
 @pytest.mark.fast

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       metavar="NAME=VALUE", help="dotted config override, repeatable (e.g. "
                       "optim.peak_lr=1e-3, mesh=(2,2,2))")
   parser.add_argument("--hf", metavar="DIR", default=None, help="start from this Hugging Face "
-                      "directory: its architecture, weights and tokenizer (the config gives the "
+                      "directory (or a workdir trained from one, e.g. DEER Stage I): its "
+                      "architecture, weights and tokenizer (the config gives the "
                       "method, optimiser and loop; method tokens <mask>/<sep> are added when "
                       "the recipe needs them: data.mask_token/data.sep_token pick others)")
   parser.add_argument("--data", metavar="FILE.jsonl", action="append", default=[],

@@ -19,8 +19,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from etils import epath
+
 from paraflax import loading
 from paraflax.hf.config import model_config_from_hf, read_hf_config
+from paraflax.json_io import read_json
 from paraflax.paths import resolve_path
 from paraflax.training.config import TrainConfig
 from paraflax.training.objectives import objective
@@ -50,20 +53,31 @@ def with_data(cfg: TrainConfig, data_paths: Sequence[str], hf_dir: str | None = 
   return dataclasses.replace(cfg, data_source="jsonl", data_source_args=args)
 
 
+def architecture(model_dir: str):
+  """The `ModelConfig` of a Hugging Face directory (its config.json) or of a training workdir
+  (a run made from one: DEER Stage II from Stage I, a second Jacobi Forcing round); another
+  directory is a one-line ValueError saying what was expected."""
+  try:
+    workdir, hf = loading.resolve(model_dir)
+  except ValueError as e:
+    raise ValueError(f"--hf {e}") from None
+  if hf:
+    return model_config_from_hf(read_hf_config(hf))
+  return TrainConfig.from_dict(read_json(epath.Path(workdir) / "config.json")).model
+
+
 def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> TrainConfig:
   """The recipe `cfg` starting from the Hugging Face checkpoint `hf_dir` (its architecture,
-  weights and tokenizer), on `data_paths` (JSON Lines) when given, else on the recipe's
-  data source encoded with `hf_dir`'s tokenizer (a store collected from it, or text)."""
-  if not loading.is_hf_dir(hf_dir):
-    raise ValueError(f"--hf {hf_dir!r} is not a Hugging Face directory (expected config.json "
-                     "+ *.safetensors + tokenizer.json)")
+  weights and tokenizer; or a training workdir's, such as an earlier stage made from one), on
+  `data_paths` (JSON Lines) when given, else on the recipe's data source encoded with
+  `hf_dir`'s tokenizer (a store collected from it, or text)."""
+  arch = architecture(hf_dir)  # first: a wrong directory says what was expected
   hf_dir = resolve_path(str(hf_dir))
   recipe = cfg.model
   data = cfg.data
   mask = data.mask_token or (MASK if recipe.mask_token_id is not None else None)
   sep = data.sep_token or (SEP if recipe.sep_token_id is not None else None)
   tok = loading.load_tokenizer(hf_dir, mask_token=mask, sep_token=sep)  # [V_tok] ids
-  arch = model_config_from_hf(read_hf_config(hf_dir))
   model = dataclasses.replace(
       arch, vocab_size=max(arch.vocab_size, tok.vocab_size),  # rows for added tokens
       max_seq_len=max(arch.max_seq_len, data.seq_len),

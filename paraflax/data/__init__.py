@@ -1,4 +1,4 @@
-"""Data: stdlib code corpus, JSONL user data, HumanEval prompts, BPE tokenizer, grain pipelines,
+"""Data: stdlib code corpus, JSONL user data (text, prompt/response, chat records), HumanEval prompts, BPE tokenizer, grain pipelines,
 the `DataSource` protocol and its registry (`source.py`)."""
 
 from paraflax.data.corpus import (
@@ -10,8 +10,10 @@ from paraflax.data.corpus import (
   stdlib_root,
 )
 from paraflax.data.humaneval import Problem, load_humaneval
-from paraflax.data.jsonl import PairRecord, TextRecord, jsonl_documents, read_jsonl
+from paraflax.data.jsonl import (ChatRecord, PairRecord, TextRecord, jsonl_documents, read_jsonl,
+                                 read_records)
 from paraflax.data.packing import encode_documents, pack, token_stream
+from paraflax.data.records import RecordEncoder
 from paraflax.data.pipeline import (
   Data,
   DataConfig,
@@ -27,6 +29,7 @@ from paraflax.data.text import JsonlData, StdlibData
 from paraflax.data.tokenizer import SPECIAL_TOKENS, Tokenizer, load_or_train, train_tokenizer
 
 __all__ = [
+  "ChatRecord",
   "Data",
   "DataConfig",
   "DataSource",
@@ -34,6 +37,7 @@ __all__ = [
   "JsonlData",
   "PairRecord",
   "Problem",
+  "RecordEncoder",
   "SOURCES",
   "SPECIAL_TOKENS",
   "StdlibData",
@@ -52,6 +56,7 @@ __all__ = [
   "prepare_documents",
   "prepare_stdlib",
   "read_jsonl",
+  "read_records",
   "register_source",
   "stdlib_documents",
   "stdlib_root",

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from etils import epath
 
-
-def is_hf_dir(path) -> bool:
-  """Whether `path` holds a Hugging Face checkpoint: config.json and safetensors weights."""
-  path = epath.Path(path)
-  return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+from paraflax.paths import is_hf_dir
 
 
 def resolve(workdir=None, hf=None):
@@ -23,25 +19,6 @@ def resolve(workdir=None, hf=None):
       "a Hugging Face directory (config.json + *.safetensors)" if hf else
       "a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "
       "(config.json + *.safetensors)"))
-
-
-def load_tokenizer(path, *, mask_token: str | None = None, sep_token: str | None = None):
-  """The tokenizer of the model directory `path` (a Hugging Face checkpoint, with its roles
-  read from its configs; a training workdir or `paraflax convert` output), with the method
-  tokens `mask_token` / `sep_token` (strings) taking the `mask` / `sep` roles, added when
-  the vocabulary lacks them (`Tokenizer.with_special_tokens`)."""
-  from paraflax import hf as hf_io
-  from paraflax.data.tokenizer import Tokenizer
-  path = epath.Path(path)
-  if is_hf_dir(path) or (path / "hf_config.json").is_file():
-    tok = hf_io.load_hf_tokenizer(path)
-  elif (path / "tokenizer.json").is_file():
-    tok = Tokenizer.load(path)
-  else:
-    raise ValueError(f"{str(path)!r} has no tokenizer: expected a Hugging Face directory "
-                     "(config.json + *.safetensors + tokenizer.json) or a paraflax workdir")
-  roles = {k: v for k, v in (("mask", mask_token), ("sep", sep_token)) if v is not None}
-  return tok.with_special_tokens(roles) if roles else tok
 
 
 def load_model(workdir=None, hf=None):

@@ -19,6 +19,12 @@ SHIPPED = REPO / "checkpoints"  # params-only snapshots made by `paraflax demo -
 CACHE = Path(os.environ.get("PARAFLAX_CACHE", "~/.cache/paraflax")).expanduser()
 
 
+def is_hf_dir(path: str | os.PathLike) -> bool:
+  """Whether `path` holds a Hugging Face checkpoint: config.json and safetensors weights."""
+  path = epath.Path(path)
+  return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   """Whether `path` names an object store (`gs://...`, `s3://...`) rather than a local file."""
   return "://" in os.fspath(path)

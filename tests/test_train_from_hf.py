@@ -17,15 +17,16 @@ import transformers
 from flax import nnx
 
 import paraflax as pf
-from paraflax import cli, loading
+from paraflax import cli
 from paraflax.data import source as data_source
+from paraflax.data.tokenizer import load_tokenizer
 from paraflax.data.text import JsonlData
 from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
 from paraflax.training.__main__ import add_arguments, config_from_args
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
-from paraflax.training.from_hf import from_hf
+from paraflax.from_hf import from_hf
 from paraflax.training.trainer import open_data, train
 from paraflax.training.workdir import initial_params
 
@@ -144,7 +145,7 @@ def test_added_tokens_start_at_the_mean_row_and_reserved_ones_keep_theirs(dirs, 
     cfg = from_hf(recipe, dirs[name], [data_file])
     ref = _hf_model(dirs[name])
     emb = ref.model.embed_tokens.weight.detach().numpy()  # [rows, D]
-    known = loading.load_tokenizer(dirs[name]).vocab_size
+    known = load_tokenizer(dirs[name]).vocab_size
     _, params = initial_params(cfg, None)
     got = np.asarray(params["embed"].get_value())  # [V, D]
     np.testing.assert_allclose(got[:known], emb[:known], rtol=0, atol=0)
@@ -196,7 +197,7 @@ def test_tidar_from_hf_adds_mask_and_exports_it(capsys, dirs, data_file, tmp_pat
   run = tmp_path / "tidar"
   _train(capsys, "tidar_scratch.py", hf, data_file, run)
   model, tok, _ = load_trained(run)
-  assert model.cfg.mask_token_id == tok.mask_id == loading.load_tokenizer(hf).vocab_size
+  assert model.cfg.mask_token_id == tok.mask_id == load_tokenizer(hf).vocab_size
   assert cli.main(["export", "--workdir", str(run), "--to-hf", str(tmp_path / "out")]) == 0
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
   assert hf_tok.convert_tokens_to_ids("<mask>") == model.cfg.mask_token_id
@@ -235,11 +236,11 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   grown past the padding), exported with both as specials and transformers' logits."""
   hf = dirs["exact"]
   cfg = from_hf(load_config(CONFIGS / "deer_drafter_stage1.py"), hf)
-  known = loading.load_tokenizer(hf).vocab_size
+  known = load_tokenizer(hf).vocab_size
   assert (cfg.model.mask_token_id, cfg.model.sep_token_id, cfg.model.vocab_size) == (
       known, known + 1, known + 2)
   model = nnx.merge(*initial_params(cfg, None))
-  tok = loading.load_tokenizer(hf, mask_token=cfg.data.mask_token, sep_token=cfg.data.sep_token)
+  tok = load_tokenizer(hf, mask_token=cfg.data.mask_token, sep_token=cfg.data.sep_token)
   export_hf(model, tmp_path / "out", tokenizer=tok)
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
   assert [hf_tok.convert_tokens_to_ids(t) for t in ("<mask>", "<sep>")] == [known, known + 1]
@@ -295,7 +296,7 @@ def test_data_without_the_method_tokens_trains_and_the_workdir_gains_them(
       "data_source_args.val_fraction": 0.3})
   train(cfg, tmp_path / "run", progress=False, max_steps=0)  # checks, then saves the tokenizer
   saved = pf.data.tokenizer.Tokenizer.load(tmp_path / "run" / "tokenizer.json")
-  assert saved.mask_id == cfg.model.mask_token_id == loading.load_tokenizer(hf).vocab_size
+  assert saved.mask_id == cfg.model.mask_token_id == load_tokenizer(hf).vocab_size
 
 
 @pytest.mark.fast

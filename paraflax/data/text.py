@@ -22,13 +22,13 @@ from paraflax.data.pipeline import (Data, DataConfig, documents_tokenizer, prepa
                                     train_iterator, validation_batches)
 from paraflax.data.records import LOSS_ON, RecordEncoder, chat_mode, record_streams, split_key
 from paraflax.data.source import TrainData, register_source
+from paraflax.data.tokenizer import load_tokenizer
 
 
 def data_tokenizer(data: DataConfig):
   """The tokenizer of `data.tokenizer` with the data config's method tokens, or None."""
   if data.tokenizer is None:
     return None
-  from paraflax.loading import load_tokenizer
   return load_tokenizer(os.path.expanduser(data.tokenizer), mask_token=data.mask_token,
                         sep_token=data.sep_token)
 

@@ -196,9 +196,10 @@ class Tokenizer:
     found = read_roles(path.parent, hf)
     special_tokens = dict(special_tokens or {})
     eos_ids = found.eos_ids if found.eos_ids and "eos" not in special_tokens else None
-    if encode_special_tokens is None:
+    if encode_special_tokens is None:  # unsaid: Hugging Face's default in its files, ours alone
       split = found.split_special_tokens
-      encode_special_tokens = True if split is None else split
+      hf_files = (path.parent / "tokenizer_config.json").is_file()
+      encode_special_tokens = (not hf_files) if split is None else split
     return cls(hf, special_tokens={**found.tokens, **special_tokens},
                encode_special_tokens=encode_special_tokens, eos_ids=eos_ids,
                chat_template=found.chat_template)
@@ -211,6 +212,21 @@ class Tokenizer:
       f"eos_ids={self.eos_ids}, bos_id={self.bos_id}, mask_id={self.mask_id}, "
       f"sep_id={self.sep_id}, chat_template={self.chat_template is not None})"
     )
+
+
+def load_tokenizer(path: str | os.PathLike, *, mask_token: str | None = None,
+                   sep_token: str | None = None) -> Tokenizer:
+  """The tokenizer of the model directory `path` (a Hugging Face checkpoint, a training workdir,
+  a `paraflax convert` output) with the roles its files name, and the method tokens
+  `mask_token` / `sep_token` (strings) in the `mask` / `sep` roles, added when the vocabulary
+  lacks them (`Tokenizer.with_special_tokens`)."""
+  path = epath.Path(path)
+  if not (path / "tokenizer.json").is_file():
+    raise ValueError(f"{str(path)!r} has no tokenizer: expected a Hugging Face directory "
+                     "(config.json + *.safetensors + tokenizer.json) or a paraflax workdir")
+  tok = Tokenizer.load(path)
+  roles = {k: v for k, v in (("mask", mask_token), ("sep", sep_token)) if v is not None}
+  return tok.with_special_tokens(roles) if roles else tok
 
 
 def train_tokenizer(

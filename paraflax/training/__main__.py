@@ -74,7 +74,7 @@ def config_from_args(args: argparse.Namespace):
   """The run's TrainConfig: the config file with --set applied, retargeted at --hf and --data
   (`from_hf.py`), --set applied again so that it wins over what --hf derives, then --steps."""
   from paraflax.training.config import apply_overrides, load_config
-  from paraflax.training.from_hf import from_hf, with_data
+  from paraflax.from_hf import from_hf, with_data
   overrides = parse_overrides(args.overrides)
   # with --data, data_source_args.* name the jsonl source's arguments: set after retargeting
   first = {k: v for k, v in overrides.items()

@@ -76,7 +76,7 @@ class TrainConfig:
   "stdlib" and "jsonl" read). The source's rows must carry the batch fields the objective
   reads.
   `init_from` continues from another run's weights (same model config; Jacobi Forcing, TiDAR
-  continual pretraining) or a Hugging Face checkpoint's (`loading.is_hf_dir`); the data's
+  continual pretraining) or a Hugging Face checkpoint's (`paths.is_hf_dir`); the data's
   tokenizer must be its tokenizer (plus the method tokens `data.mask_token` / `sep_token`, whose
   rows the embedding gains: `workdir.initial_params`). `train --hf` sets it (`from_hf.py`).
   `mesh`: None trains on one device; a `MeshConfig` (or `(data, fsdp, tensor)` sizes, -1 for

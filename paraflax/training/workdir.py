@@ -16,10 +16,9 @@ from etils import epath
 from flax import nnx
 
 from paraflax import sharding
-from paraflax.data.tokenizer import Tokenizer
+from paraflax.data.tokenizer import Tokenizer, load_tokenizer
 from paraflax.json_io import read_json
-from paraflax.loading import is_hf_dir, load_tokenizer
-from paraflax.paths import as_path
+from paraflax.paths import as_path, is_hf_dir
 from paraflax.model import Transformer
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import TrainConfig, config_differences

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from etils import epath
 
 from paraflax import loading
+from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
 from paraflax.json_io import read_json
 from paraflax.paths import resolve_path
@@ -77,7 +78,7 @@ def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> Tr
   data = cfg.data
   mask = data.mask_token or (MASK if recipe.mask_token_id is not None else None)
   sep = data.sep_token or (SEP if recipe.sep_token_id is not None else None)
-  tok = loading.load_tokenizer(hf_dir, mask_token=mask, sep_token=sep)  # [V_tok] ids
+  tok = load_tokenizer(hf_dir, mask_token=mask, sep_token=sep)  # [V_tok] ids
   model = dataclasses.replace(
       arch, vocab_size=max(arch.vocab_size, tok.vocab_size),  # rows for added tokens
       max_seq_len=max(arch.max_seq_len, data.seq_len),

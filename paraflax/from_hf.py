@@ -21,11 +21,10 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from paraflax import loading
 from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
 from paraflax.json_io import read_json
-from paraflax.paths import resolve_path
+from paraflax.paths import model_dirs, resolve_path
 from paraflax.training.config import TrainConfig
 from paraflax.training.objectives import objective
 
@@ -59,7 +58,7 @@ def architecture(model_dir: str):
   (a run made from one: DEER Stage II from Stage I, a second Jacobi Forcing round); another
   directory is a one-line ValueError saying what was expected."""
   try:
-    workdir, hf = loading.resolve(model_dir)
+    workdir, hf = model_dirs(model_dir)
   except ValueError as e:
     raise ValueError(f"--hf {e}") from None
   if hf:

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from etils import epath
-
-from paraflax.paths import is_hf_dir
-
-
-def resolve(workdir=None, hf=None):
-  """(workdir, hf) with the directory's kind checked: an HF directory given as `workdir` moves
-  to `hf`; a directory that is neither kind is a ValueError saying what was expected."""
-  path = epath.Path(workdir or hf)
-  if not hf and (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-    return str(path), None
-  if is_hf_dir(path):
-    return None, str(path)
-  raise ValueError(f"{str(path)!r} is not a model directory: expected " + (
-      "a Hugging Face directory (config.json + *.safetensors)" if hf else
-      "a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "
-      "(config.json + *.safetensors)"))
+from paraflax.paths import model_dirs
 
 
 def load_model(workdir=None, hf=None):
   """(model, tokenizer, encode) from `hf` (a Hugging Face checkpoint) or `workdir` (a training
   run, a `paraflax convert` output, or a Hugging Face directory too)."""
   from paraflax import hf as hf_io
-  workdir, hf = resolve(workdir, hf)
+  workdir, hf = model_dirs(workdir, hf)
   if hf:
     tok = hf_io.load_hf_tokenizer(hf)
     return hf_io.load_hf(hf), tok, lambda text: hf_io.encode_prompt(tok, text)

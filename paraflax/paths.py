@@ -25,6 +25,20 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
   return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def model_dirs(workdir=None, hf=None) -> tuple[str | None, str | None]:
+  """(workdir, hf) with the directory's kind checked: an HF directory given as `workdir` moves
+  to `hf`; a directory that is neither kind is a ValueError saying what was expected."""
+  path = epath.Path(workdir or hf)
+  if not hf and (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+    return str(path), None
+  if is_hf_dir(path):
+    return None, str(path)
+  raise ValueError(f"{str(path)!r} is not a model directory: expected " + (
+      "a Hugging Face directory (config.json + *.safetensors)" if hf else
+      "a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "
+      "(config.json + *.safetensors)"))
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   """Whether `path` names an object store (`gs://...`, `s3://...`) rather than a local file."""
   return "://" in os.fspath(path)

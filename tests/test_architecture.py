@@ -17,14 +17,25 @@ def _module(path: Path, root: Path) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-  """{module: the paraflax modules it imports}, every import statement in the file counted."""
+def _call_time(tree: ast.AST) -> set[int]:
+  """ids of the import statements inside functions (run at call time, not on import)."""
+  return {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+          for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def import_graph(root: Path = ROOT, *, module_level: bool = False) -> dict[str, set[str]]:
+  """{module: the paraflax modules it imports}, every import statement in the file counted
+  (`module_level`: only those outside functions)."""
   files = {_module(p, root): p for p in sorted(root.rglob("*.py"))}
   graph = {}
   for name, path in files.items():
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _call_time(tree) if module_level else set()
+    for node in ast.walk(tree):
+      if id(node) in skip:
+        continue
       if isinstance(node, ast.Import):
         for alias in node.names:
           parts = alias.name.split(".")
@@ -93,6 +104,39 @@ def test_no_import_circles_in_paraflax():
   assert len(graph) > 50 and graph["paraflax.decoding.generate"]  # the whole package was read
   found = circles(graph)
   assert found == [], found
+
+
+# docs/architecture.md's floors (foundation modules: 0); a module imports its floor or below
+FLOORS = {"paraflax.data": 1, "paraflax.decoding": 2, "paraflax.decoders": 2,
+          "paraflax.training": 3, "paraflax.hf": 4, "paraflax.loading": 5,
+          "paraflax.from_hf": 5, "paraflax.evaluation": 6, "paraflax.cli": 7, "paraflax": 8}
+# the imports inside functions that go up, each reading a Hugging Face directory (the doc
+# names them): nothing else may
+CALL_TIME_UP = {("paraflax.data.tokenizer_roles", "paraflax.hf.chat"),
+                ("paraflax.data.text", "paraflax.hf.chat"),
+                ("paraflax.training.workdir", "paraflax.hf"),
+                ("paraflax.training.collect", "paraflax.hf"),
+                ("paraflax.training.collect", "paraflax.hf.chat"),
+                ("paraflax.training.__main__", "paraflax.from_hf")}
+
+
+def floor_of(module: str) -> int:
+  if module == "paraflax":
+    return FLOORS["paraflax"]
+  hits = [p for p in FLOORS if p != "paraflax" and (module == p or module.startswith(p + "."))]
+  return FLOORS[max(hits, key=len)] if hits else 0
+
+
+def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+  return {(a, b) for a, targets in graph.items() for b in targets if floor_of(b) > floor_of(a)}
+
+
+@pytest.mark.fast
+def test_imports_go_down_the_floors_but_the_named_call_time_ones():
+  assert floor_of("paraflax.masks") == 0 and floor_of("paraflax.hf.chat") == 4
+  assert upward({"paraflax.masks": {"paraflax.cli"}}) == {("paraflax.masks", "paraflax.cli")}
+  assert upward(import_graph(module_level=True)) == set()
+  assert upward(import_graph()) == CALL_TIME_UP
 
 
 @pytest.mark.fast

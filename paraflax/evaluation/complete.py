@@ -13,7 +13,8 @@ import jax
 from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
 from paraflax.evaluation import methods
-from paraflax.loading import load_drafter, load_model, resolve, shared_vocab
+from paraflax.loading import load_drafter, load_model, shared_vocab
+from paraflax.paths import model_dirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
   if bool(draft) != methods.needs_drafter(decoder):
     raise ValueError(f"--decoder {decoder} takes no draft model" if draft else
                      f"--decoder {decoder} needs a draft model: --draft DIR")
-  drafter_dirs = resolve(draft) if draft else None  # a wrong directory: before any loading
+  drafter_dirs = model_dirs(draft) if draft else None  # a wrong directory: before any loading
   model, tok, encode = load_model(workdir, hf)
   ids = [prompt_ids(p, chat, tok, encode, workdir or hf) for p in prompts]
   drafter = load_drafter(*drafter_dirs, tok) if draft else None

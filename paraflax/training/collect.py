@@ -21,7 +21,7 @@ import jax
 
 from paraflax import sharding
 from paraflax.data.pipeline import prepare_stdlib
-from paraflax.paths import resolve_path
+from paraflax.paths import model_dirs, resolve_path
 from paraflax.training import load_trained, store, teacher, trajectories
 
 NO_SPLIT = "a Hugging Face model has no training split: pass --data FILE.jsonl"
@@ -43,8 +43,7 @@ def _record_prompts(model_dir, tok, data, cfg) -> store.Prompts:
 
 def _load(workdir, mesh, axis_rules, cfg, hf=None, data=None):
   """(model, tokenizer, prompts: a token stream or `store.Prompts`, resolved mesh, model dir)."""
-  from paraflax import loading
-  workdir, hf = loading.resolve(workdir, hf)
+  workdir, hf = model_dirs(workdir, hf)
   if hf and not data:
     raise ValueError(NO_SPLIT)
   mesh = sharding.resolve_mesh(mesh, axis_rules)

@@ -71,15 +71,27 @@ def load_related(workdir, tok, vocab_size: int, flag: str):
 
 
 def load_drafter(workdir, hf, tok):
-  """A draft model (workdir or HF dir) made with the verifier's tokenizer `tok`. Row counts may
+  """A draft model (workdir or HF dir) made with the verifier's tokenizer `tok` (plus its own
+  method tokens: a DEER drafter trained from the verifier's HF dir). Row counts may
   differ (Qwen2.5-0.5B has 151936, 7B 152064, one 151665-id tokenizer): the decoders draft
   only below `shared_vocab`."""
   draft, draft_tok, _ = load_model(workdir, hf)
-  if draft_tok.fingerprint() != tok.fingerprint():
+  if not _drafts_for(draft_tok, tok):
     raise ValueError(f"the drafter {workdir or hf!r} has another tokenizer than the model: "
                      f"fingerprint {draft_tok.fingerprint()[:12]} ({draft_tok.vocab_size} ids) "
                      f"!= {tok.fingerprint()[:12]} ({tok.vocab_size} ids)")
   return draft
+
+
+def _drafts_for(draft_tok, tok) -> bool:
+  """Whether a drafter of tokenizer `draft_tok` encodes as the verifier's `tok`: the same
+  tokenizer, or `tok` with the drafter's method tokens (DEER's `<mask>`, `<sep>`) added after
+  its ids, which the decoders never propose (`shared_vocab`)."""
+  if draft_tok.fingerprint() == tok.fingerprint():
+    return True
+  roles = {role: draft_tok.backend.id_to_token(i) for role, i in
+           (("mask", draft_tok.mask_id), ("sep", draft_tok.sep_id)) if i is not None}
+  return bool(roles) and tok.with_special_tokens(roles).fingerprint() == draft_tok.fingerprint()
 
 
 def shared_vocab(tok, model, draft) -> int:

@@ -162,8 +162,8 @@ def test_load_drafter_compares_tokenizers_not_rows(model, monkeypatch):
 
 @pytest.mark.fast
 def test_a_drafter_may_add_its_own_method_tokens_to_the_verifiers_tokenizer(monkeypatch):
-  """A DEER drafter trained from the verifier's HF dir gains <mask> and <sep> after its ids:
-  accepted (the decoders draft below the verifier's ids); any other change is refused."""
+  """A DEER drafter (or a TiDAR) trained from the verifier's HF dir gains <mask> (and <sep>)
+  after its ids: accepted (drafts stay below the verifier's ids); other changes are refused."""
   import tokenizers
   from paraflax.data.tokenizer import Tokenizer
   base = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "<eos>": 2}, "a"))
@@ -181,3 +181,11 @@ def test_a_drafter_may_add_its_own_method_tokens_to_the_verifiers_tokenizer(monk
       with pytest.raises(ValueError, match="has another tokenizer than the model"):
         loading.load_drafter("d", None, tok)
   assert deer.vocab_size == tok.vocab_size + 2  # so shared_vocab keeps them out of drafts
+  from paraflax import training  # bench's other weights (--tidar-workdir): the same rule, and
+  for draft_tok, rows, ok in ((deer, 48, True), (other, 48, False), (deer, 47, False)):
+    monkeypatch.setattr(training, "load_trained", lambda w, t=draft_tok: (drafter, t, None))
+    if ok:  # the base's rows, grown only to hold its method tokens
+      assert loading.load_related("w", tok, rows, "--tidar-workdir") is drafter
+    else:
+      with pytest.raises(ValueError, match="--tidar-workdir 'w' was not trained with the base"):
+        loading.load_related("w", tok, rows, "--tidar-workdir")

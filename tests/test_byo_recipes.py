@@ -41,8 +41,9 @@ def _records() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-  """A random Qwen2 (untied: a tied one repeats its last token; unit-gain weights: logits far from uniform) with its own byte-level
-  BPE, EOS <|endoftext|> (id 0) and a ChatML-like template."""
+  """A random Qwen2 with its own byte-level BPE, EOS <|endoftext|> (id 0) and a ChatML-like
+  template; untied (a tied one with unit-gain rows repeats its last token), unit-gain weights
+  (logits far from uniform, greedy far from ties)."""
   path = tmp_path_factory.mktemp("byo") / "qwen2"
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
   tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -171,7 +172,8 @@ def test_jacobi_forcing_from_its_own_trajectories_decodes_exactly(
 
 
 @pytest.mark.slow
-def test_tidar_decodes_exactly_and_exports_its_ar_mode(capsys, hf_dir, data_file, tmp_path):
+def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data(
+    capsys, hf_dir, data_file, tmp_path):
   run = tmp_path / "tidar"
   summary = _train(capsys, "tidar.py", run, "--hf", str(hf_dir), "--data", str(data_file),
                    "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
@@ -179,6 +181,19 @@ def test_tidar_decodes_exactly_and_exports_its_ar_mode(capsys, hf_dir, data_file
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
   _check_export(capsys, run, tmp_path / "out")
+  # the bench on the user's prompts and records: every method of the HF model and of the
+  # TiDAR beside it (its rows grown by <mask>) is exact, each weights' loss on the records
+  out = tmp_path / "bench" / "bench.json"
+  assert cli.main(["bench", "--hf", str(hf_dir), "--tidar-workdir", str(run), "--prompts-file",
+                   str(data_file), "--eval-data", str(data_file), "--prompts", "2",
+                   "--max-new-tokens", "8", "--batch-size", "2", "--json", str(out)]) == 0
+  capsys.readouterr()
+  rows = json.loads(out.read_text())
+  assert {"ar", "jacobi", "prompt_lookup", "tidar_k4"} <= {r["method"] for r in rows}
+  assert all(r["exact_match_vs_ar"] == 1.0 for r in rows), [
+      (r["method"], r["exact_match_vs_ar"]) for r in rows]
+  losses = {r["weights"]: r["eval_data_loss"] for r in rows}
+  assert set(losses) == {"base", "tidar"} and all(np.isfinite(v) and v > 0 for v in losses.values())
 
 
 @pytest.mark.slow
@@ -192,8 +207,9 @@ def test_deer_drafter_stage1_then_stage2_drafts_exactly_for_the_hf_model(
   assert collected["examples"] == 8
   common = ["--set", f"data_source_args.path={store}", "--set", "data.seq_len=32",
             "--set", "data_source_args.val_fraction=0.25"]
-  assert np.isfinite(_train(capsys, "deer_stage1.py", d1, "--hf", str(hf_dir), *common)["train_loss"])
-  assert np.isfinite(_train(capsys, "deer_stage2.py", d2, "--hf", str(d1), *common)["train_loss"])
+  for config, workdir, init in (("deer_stage1.py", d1, hf_dir), ("deer_stage2.py", d2, d1)):
+    summary = _train(capsys, config, workdir, "--hf", str(init), *common)
+    assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
   ar = _ids(capsys, "--hf", str(hf_dir), "--decoder", "ar")
   assert _ids(capsys, "--hf", str(hf_dir), "--decoder", "deer", "--draft", str(d2)) == ar
 
@@ -208,17 +224,3 @@ def test_asarm_trains_and_its_export_is_a_one_line_refusal(capsys, hf_dir, data_
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "have no Hugging Face counterpart" in err, err
   assert not (tmp_path / "out" / "model.safetensors").exists()
-
-
-@pytest.mark.slow
-def test_bench_on_the_users_prompts_and_records_is_exact(capsys, hf_dir, data_file, tmp_path):
-  out = tmp_path / "bench" / "bench.json"
-  assert cli.main(["bench", "--hf", str(hf_dir), "--prompts-file", str(data_file),
-                   "--eval-data", str(data_file), "--prompts", "2", "--max-new-tokens", "8",
-                   "--batch-size", "2", "--json", str(out)]) == 0
-  capsys.readouterr()
-  rows = json.loads(out.read_text())
-  assert len({r["method"] for r in rows}) > 2 and all(
-      r["exact_match_vs_ar"] == 1.0 for r in rows), [
-      (r["method"], r["exact_match_vs_ar"]) for r in rows]
-  assert all(np.isfinite(r["eval_data_loss"]) and r["eval_data_loss"] > 0 for r in rows)

@@ -27,7 +27,7 @@ PROMPT = "print(5)"
 NEW = 8
 SMALL = ["--set", "data.batch_size=2", "--set", "eval_batches=1", "--set", "eval_every=100",
          "--set", "checkpoint_every=100", "--set", "log_every=1", "--set", "model.dtype=float32",
-         "--set", "optim.warmup_steps=1", "--steps", "2",
+         "--set", "optim.warmup_steps=1", "--set", "optim.peak_lr=1e-3", "--steps", "2",
          "--no-progress"]
 
 
@@ -106,8 +106,9 @@ def _hf_model(path):
   return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _check_export(capsys, run: Path, out: Path) -> None:
-  """`export` of `run` reloads in transformers with paraflax's logits (within 1e-4)."""
+def _check_export(capsys, run: Path, out: Path, base: Path) -> None:
+  """`export` of `run` reloads in transformers with paraflax's logits (within 1e-4), which
+  training moved away from the `base` HF dir's."""
   assert cli.main(["export", "--workdir", str(run), "--to-hf", str(out)]) == 0
   capsys.readouterr()
   model, tok, _ = load_trained(run)
@@ -117,6 +118,10 @@ def _check_export(capsys, run: Path, out: Path) -> None:
   with torch.no_grad():
     got = _hf_model(out)(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(got, np.asarray(logits), atol=1e-4, rtol=0)
+  ref = _hf_model(base)
+  with torch.no_grad():
+    before = ref(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(got[..., :before.shape[-1]] - before).max() > 1e-2  # the trained weights
 
 
 def _hf_greedy(out: Path, prompt: str) -> list[int]:
@@ -140,7 +145,7 @@ def test_sft_generates_exactly_exports_and_transformers_stops_at_eos(
   for decoder in ("jacobi", "prompt-lookup"):
     assert _ids(capsys, "--workdir", str(run), "--decoder", decoder) == ar, decoder
   out = tmp_path / "out"
-  _check_export(capsys, run, out)
+  _check_export(capsys, run, out, hf_dir)
   assert _hf_greedy(out, PROMPT) == ar
   assert transformers.AutoTokenizer.from_pretrained(out).chat_template == CHAT
   chat = ["--prompt", "print(3)", "--chat"]  # the template travels with the weights
@@ -180,7 +185,7 @@ def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data
   assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
-  _check_export(capsys, run, tmp_path / "out")
+  _check_export(capsys, run, tmp_path / "out", hf_dir)
   # the bench on the user's prompts and records: every method of the HF model and of the
   # TiDAR beside it (its rows grown by <mask>) is exact, each weights' loss on the records
   out = tmp_path / "bench" / "bench.json"

@@ -139,6 +139,8 @@ def test_stochastic_drafter_with_extra_rows_samples_the_ar_joint(monkeypatch, fr
 class _Tok:
   """Just what `load_drafter` compares of a tokenizer."""
 
+  mask_id = sep_id = None  # no method tokens of its own
+
   def __init__(self, fingerprint: str, vocab_size: int):
     self._fingerprint, self.vocab_size = fingerprint, vocab_size
 
@@ -156,3 +158,34 @@ def test_load_drafter_compares_tokenizers_not_rows(model, monkeypatch):
   with pytest.raises(ValueError, match=r"^the drafter 'd' has another tokenizer than the model: "
                      r"fingerprint aaaaaaaaaaaa \(44 ids\) != bbbbbbbbbbbb \(44 ids\)$"):
     loading.load_drafter("d", None, _Tok("b" * 16, 44))
+
+
+@pytest.mark.fast
+def test_a_drafter_may_add_its_own_method_tokens_to_the_verifiers_tokenizer(monkeypatch):
+  """A DEER drafter (or a TiDAR) trained from the verifier's HF dir gains <mask> (and <sep>)
+  after its ids: accepted (drafts stay below the verifier's ids); other changes are refused."""
+  import tokenizers
+  from paraflax.data.tokenizer import Tokenizer
+  base = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "<eos>": 2}, "a"))
+  tok = Tokenizer(base, special_tokens={"pad": "<eos>", "eos": "<eos>"})
+  deer = tok.with_special_tokens({"mask": "<mask>", "sep": "<sep>"})
+  other = Tokenizer(tokenizers.Tokenizer.from_str(base.to_str()))
+  other.backend.add_tokens(["c"])
+  drafter = micro_model(seed=7, d_model=16, n_layers=1)
+  for draft_tok, ok in ((tok, True), (deer, True), (other, False),
+                        (other.with_special_tokens({"mask": "<mask>"}), False)):
+    monkeypatch.setattr(loading, "load_model", lambda workdir, hf, t=draft_tok: (drafter, t, None))
+    if ok:
+      assert loading.load_drafter("d", None, tok) is drafter
+    else:
+      with pytest.raises(ValueError, match="has another tokenizer than the model"):
+        loading.load_drafter("d", None, tok)
+  assert deer.vocab_size == tok.vocab_size + 2  # so shared_vocab keeps them out of drafts
+  from paraflax import training  # bench's other weights (--tidar-workdir): the same rule, and
+  for draft_tok, rows, ok in ((deer, 48, True), (other, 48, False), (deer, 47, False)):
+    monkeypatch.setattr(training, "load_trained", lambda w, t=draft_tok: (drafter, t, None))
+    if ok:  # the base's rows, grown only to hold its method tokens
+      assert loading.load_related("w", tok, rows, "--tidar-workdir") is drafter
+    else:
+      with pytest.raises(ValueError, match="--tidar-workdir 'w' was not trained with the base"):
+        loading.load_related("w", tok, rows, "--tidar-workdir")

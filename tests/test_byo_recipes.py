@@ -1,0 +1,231 @@
+"""Bring your own model and data, end to end: from a tiny random Qwen2 Hugging Face directory
+(its own byte-level BPE, a chat template) and a JSONL of prompt/response and chat records,
+each `configs/hf/` recipe's commands run a few steps; `generate` with the recipe's decoder
+prints greedy AR's ids of the trained weights; the exportable ones reload in transformers
+(logits within 1e-4, the same greedy ids, stopping at EOS); an AS-ARM's export is refused;
+`bench` on the user's prompts and records is exact and reports their loss."""
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+import torch
+import transformers
+
+import paraflax as pf
+from paraflax import cli
+from paraflax.training import load_trained
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "hf"
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PROMPT = "print(5)"
+NEW = 8
+SMALL = ["--set", "data.batch_size=2", "--set", "eval_batches=1", "--set", "eval_every=100",
+         "--set", "checkpoint_every=100", "--set", "log_every=1", "--set", "model.dtype=float32",
+         "--set", "optim.warmup_steps=1", "--set", "optim.peak_lr=1e-3", "--steps", "2",
+         "--no-progress"]
+
+
+def _records() -> list[dict]:
+  pairs = [{"prompt": f"def f{i}(x):\n", "response": f"    return x * {i} + {i * i % 97}\n"}
+           for i in range(48)]
+  chats = [{"messages": [{"role": "user", "content": f"print({i})"},
+                         {"role": "assistant", "content": f"{i}\n"}]} for i in range(16)]
+  return pairs + chats
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+  """A random Qwen2 with its own byte-level BPE, EOS <|endoftext|> (id 0) and a ChatML-like
+  template; untied (a tied one with unit-gain rows repeats its last token), unit-gain weights
+  (logits far from uniform, greedy far from ties)."""
+  path = tmp_path_factory.mktemp("byo") / "qwen2"
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  texts = [r.get("prompt", "") + r.get("response", "") for r in _records()] + ["print(x)\n"]
+  tok.train_from_iterator(texts * 4, tokenizers.trainers.BpeTrainer(
+      vocab_size=300, special_tokens=SPECIALS,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+  torch.manual_seed(0)
+  cfg = transformers.Qwen2Config(
+      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=0,
+      bos_token_id=None, pad_token_id=None)
+  model = transformers.Qwen2ForCausalLM(cfg).float().eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" not in name:
+        p.normal_(0.0, 1.0 if "embed" in name or p.ndim == 1 else p.shape[1] ** -0.5)
+  model.save_pretrained(path)
+  tok.save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0],
+      "chat_template": CHAT}))
+  return path
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+  path = tmp_path_factory.mktemp("byo_data") / "train.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+  return path
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path, monkeypatch):
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+
+
+def _last_json(capsys, argv) -> dict:
+  assert cli.main(argv) == 0, argv
+  return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _train(capsys, config: str, workdir: Path, *flags) -> dict:
+  """`paraflax train --config configs/hf/CONFIG`, shrunk: its summary line."""
+  return _last_json(capsys, ["train", "--config", str(CONFIGS / config), "--workdir",
+                             str(workdir), "--set", f"data.cache_dir={workdir.parent / 'cache'}",
+                             *SMALL, *flags])
+
+
+def _ids(capsys, *flags, prompt=PROMPT) -> list[int]:
+  """The new ids of `paraflax generate FLAGS --prompt PROMPT --json`."""
+  out = _last_json(capsys, ["generate", "--prompt", prompt, "--max-new-tokens", str(NEW),
+                            "--json", *flags])
+  return out["completions"][0]["ids"]
+
+
+def _hf_model(path):
+  return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _check_export(capsys, run: Path, out: Path, base: Path) -> None:
+  """`export` of `run` reloads in transformers with paraflax's logits (within 1e-4), which
+  training moved away from the `base` HF dir's."""
+  assert cli.main(["export", "--workdir", str(run), "--to-hf", str(out)]) == 0
+  capsys.readouterr()
+  model, tok, _ = load_trained(run)
+  tokens = np.random.RandomState(0).randint(0, tok.vocab_size, (2, 20))
+  logits, _ = model(jnp.asarray(tokens), jnp.asarray(np.broadcast_to(np.arange(20), (2, 20))),
+                    pf.masks.causal(jnp.full((2,), 20), 20))
+  with torch.no_grad():
+    got = _hf_model(out)(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(got, np.asarray(logits), atol=1e-4, rtol=0)
+  ref = _hf_model(base)
+  with torch.no_grad():
+    before = ref(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(got[..., :before.shape[-1]] - before).max() > 1e-2  # the trained weights
+
+
+def _hf_greedy(out: Path, prompt: str) -> list[int]:
+  """transformers' greedy new ids from the exported dir (its tokenizer, its generation config)."""
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  ids = tok(prompt, return_tensors="pt").input_ids
+  with torch.no_grad():
+    got = _hf_model(out).generate(ids, max_new_tokens=NEW, do_sample=False)
+  return got[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.slow
+def test_sft_generates_exactly_exports_and_transformers_stops_at_eos(
+    capsys, hf_dir, data_file, tmp_path):
+  run = tmp_path / "sft"
+  summary = _train(capsys, "sft.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+                   "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
+  assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
+  ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
+  assert len(ar) == NEW and 0 not in ar  # EOS not reached: the step-k check below is ours
+  for decoder in ("jacobi", "prompt-lookup"):
+    assert _ids(capsys, "--workdir", str(run), "--decoder", decoder) == ar, decoder
+  out = tmp_path / "out"
+  _check_export(capsys, run, out, hf_dir)
+  assert _hf_greedy(out, PROMPT) == ar
+  assert transformers.AutoTokenizer.from_pretrained(out).chat_template == CHAT
+  chat = ["--prompt", "print(3)", "--chat"]  # the template travels with the weights
+  assert _ids(capsys, "--hf", str(out), *chat) == _ids(capsys, "--workdir", str(run), *chat)
+  # EOS := the token greedy emits first at step k: transformers and paraflax (reading the
+  # exported generation config) both stop there, EOS included
+  k = next(i for i in range(2, NEW - 1) if ar[i] not in ar[:i])
+  gen = json.loads((out / "generation_config.json").read_text())
+  (out / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": ar[k]}))
+  assert _hf_greedy(out, PROMPT) == ar[:k + 1]
+  assert _ids(capsys, "--hf", str(out), "--decoder", "ar") == ar[:k + 1]
+
+
+@pytest.mark.slow
+def test_jacobi_forcing_from_its_own_trajectories_decodes_exactly(
+    capsys, hf_dir, data_file, tmp_path):
+  store, run = tmp_path / "traj", tmp_path / "jf"
+  collected = _last_json(capsys, [
+      "collect-trajectories", "--hf", str(hf_dir), "--data", str(data_file), "--out",
+      str(store), "--block-size", "4", "--num-blocks", "2", "--max-prompt-len", "16",
+      "--min-prompt-len", "3", "--examples", "8", "--batch-size", "4"])
+  assert collected["examples"] == 8
+  summary = _train(capsys, "jacobi_forcing.py", run, "--hf", str(hf_dir), "--set",
+                   f"data_source_args.path={store}", "--set", "data.seq_len=32", "--set",
+                   "data_source_args.noise_window=4", "--set", "data_source_args.val_fraction=0.25")
+  assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
+  ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
+  assert _ids(capsys, "--workdir", str(run), "--decoder", "jacobi-mr", "--block-size", "4") == ar
+
+
+@pytest.mark.slow
+def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data(
+    capsys, hf_dir, data_file, tmp_path):
+  run = tmp_path / "tidar"
+  summary = _train(capsys, "tidar.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+                   "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
+  assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
+  ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
+  assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
+  _check_export(capsys, run, tmp_path / "out", hf_dir)
+  # the bench on the user's prompts and records: every method of the HF model and of the
+  # TiDAR beside it (its rows grown by <mask>) is exact, each weights' loss on the records
+  out = tmp_path / "bench" / "bench.json"
+  assert cli.main(["bench", "--hf", str(hf_dir), "--tidar-workdir", str(run), "--prompts-file",
+                   str(data_file), "--eval-data", str(data_file), "--prompts", "2",
+                   "--max-new-tokens", "8", "--batch-size", "2", "--json", str(out)]) == 0
+  capsys.readouterr()
+  rows = json.loads(out.read_text())
+  assert {"ar", "jacobi", "prompt_lookup", "tidar_k4"} <= {r["method"] for r in rows}
+  assert all(r["exact_match_vs_ar"] == 1.0 for r in rows), [
+      (r["method"], r["exact_match_vs_ar"]) for r in rows]
+  losses = {r["weights"]: r["eval_data_loss"] for r in rows}
+  assert set(losses) == {"base", "tidar"} and all(np.isfinite(v) and v > 0 for v in losses.values())
+
+
+@pytest.mark.slow
+def test_deer_drafter_stage1_then_stage2_drafts_exactly_for_the_hf_model(
+    capsys, hf_dir, data_file, tmp_path):
+  store, d1, d2 = tmp_path / "teacher", tmp_path / "deer1", tmp_path / "deer2"
+  collected = _last_json(capsys, [
+      "teacher-data", "--hf", str(hf_dir), "--data", str(data_file), "--out", str(store),
+      "--max-prompt-len", "16", "--answer-len", "16", "--min-prompt-len", "3",
+      "--examples", "8", "--batch-size", "4"])
+  assert collected["examples"] == 8
+  common = ["--set", f"data_source_args.path={store}", "--set", "data.seq_len=32",
+            "--set", "data_source_args.val_fraction=0.25"]
+  for config, workdir, init in (("deer_stage1.py", d1, hf_dir), ("deer_stage2.py", d2, d1)):
+    summary = _train(capsys, config, workdir, "--hf", str(init), *common)
+    assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
+  ar = _ids(capsys, "--hf", str(hf_dir), "--decoder", "ar")
+  assert _ids(capsys, "--hf", str(hf_dir), "--decoder", "deer", "--draft", str(d2)) == ar
+
+
+@pytest.mark.slow
+def test_asarm_trains_and_its_export_is_a_one_line_refusal(capsys, hf_dir, data_file, tmp_path):
+  run = tmp_path / "asarm"
+  summary = _train(capsys, "asarm.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+                   "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
+  assert summary["step"] == 2 and np.isfinite(summary["train_loss"])
+  assert cli.main(["export", "--workdir", str(run), "--to-hf", str(tmp_path / "out")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "have no Hugging Face counterpart" in err, err
+  assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -1,11 +1,11 @@
 """DEER drafter, Stage II: Stage I's drafter refined on decode-like blocks (Eq. 6 weights).
 
     paraflax train --config configs/hf/deer_stage2.py --workdir runs/deer2 \\
-        --set init_from=runs/deer1 --set data_source_args.path=runs/deer_store
+        --hf runs/deer1 --set data_source_args.path=runs/deer_store
     paraflax generate --hf ~/models/qwen2.5-7b --decoder deer --draft runs/deer2 --prompt ...
 
-No `--hf` here: the model, its tokenizer (with `<mask>`/`<sep>`) and its weights are Stage
-I's workdir's, which `init_from` names; the model below only carries the method's fields.
+`--hf` names Stage I's workdir (made from an HF dir): the model, its tokenizer (with
+`<mask>`/`<sep>`) and its weights are Stage I's.
 """
 
 import dataclasses

@@ -1,8 +1,11 @@
 """Shared test setup: float32 'highest' matmuls and micro models with well-separated logits."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -13,6 +16,17 @@ from flax import nnx
 import paraflax as pf
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One persistent compilation cache for this pytest process, new for every run (never a
+# previous run's): a program compiled again within the run (after `jax.clear_caches()`, by a
+# new jitted closure, by another test of the same shapes) is loaded, not recompiled. Tracing
+# still happens, so trace counters ("compiles once") are unaffected. Set before the first
+# compile: JAX fixes the cache at its first use (`paraflax.cli.main` later points the config at
+# its own cache dir, which no longer changes the cache in use).
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="paraflax-test-jax-cache-")
+atexit.register(shutil.rmtree, _COMPILE_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 # Scale logits a little past the target std: recomputing the std after scaling may land a few
 # ulps below it on another machine (FMA or not, other reduction order).
@@ -63,6 +77,13 @@ class StubTokenizer:
 
   def save(self, path):
     path.write_text("{}")
+
+
+@pytest.fixture(autouse=True)
+def _persistent_cache_takes_every_compile():
+  """`paraflax.cli.main` raises the threshold to 0.5 s (for users' runs): lower it again."""
+  yield
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @pytest.fixture(scope="session")

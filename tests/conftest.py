@@ -69,6 +69,15 @@ def compiled_micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> 
   return model
 
 
+def compiled_forward(model):
+  """`model(tokens, positions, mask)` as one compiled program (the weights are arguments), for
+  reference computations over many rows: eager dispatch would compile each op for each new
+  shape (and again after `jax.clear_caches()`)."""
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, *args: nnx.merge(graphdef, state)(*args))
+  return lambda *args: forward(state, *args)
+
+
 class StubTokenizer:
   """What a trajectory / teacher store keeps of the tokenizer of the model that made it."""
 

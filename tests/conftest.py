@@ -1,9 +1,14 @@
 """Shared test setup: float32 'highest' matmuls and micro models with well-separated logits."""
 
+import atexit
+import concurrent.futures
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +18,17 @@ from flax import nnx
 import paraflax as pf
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One persistent compilation cache for this pytest process, new for every run (never a
+# previous run's): a program compiled again within the run (after `jax.clear_caches()`, by a
+# new jitted closure, by another test of the same shapes) is loaded, not recompiled. Tracing
+# still happens, so trace counters ("compiles once") are unaffected. Set before the first
+# compile: JAX fixes the cache at its first use (`paraflax.cli.main` later points the config at
+# its own cache dir, which no longer changes the cache in use).
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="paraflax-test-jax-cache-")
+atexit.register(shutil.rmtree, _COMPILE_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 # Scale logits a little past the target std: recomputing the std after scaling may land a few
 # ulps below it on another machine (FMA or not, other reduction order).
@@ -55,6 +71,15 @@ def compiled_micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> 
   return model
 
 
+def compiled_forward(model):
+  """`model(tokens, positions, mask)` as one compiled program (the weights are arguments), for
+  reference computations over many rows: eager dispatch would compile each op for each new
+  shape (and again after `jax.clear_caches()`)."""
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, *args: nnx.merge(graphdef, state)(*args))
+  return lambda *args: forward(state, *args)
+
+
 class StubTokenizer:
   """What a trajectory / teacher store keeps of the tokenizer of the model that made it."""
 
@@ -65,6 +90,13 @@ class StubTokenizer:
     path.write_text("{}")
 
 
+@pytest.fixture(autouse=True)
+def _persistent_cache_takes_every_compile():
+  """`paraflax.cli.main` raises the threshold to 0.5 s (for users' runs): lower it again."""
+  yield
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
 @pytest.fixture(scope="session")
 def model():
   return micro_model()
@@ -73,7 +105,7 @@ def model():
 def run_cases_on_devices(cases: Path, devices: int = 8, timeout: int = 480) -> None:
   """Run the test file `cases` in a pytest subprocess with `devices` forced CPU devices (the
   flag must be set before JAX starts); fail with its output unless every case passed."""
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  env = {**ENVIRON, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
          "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
@@ -81,3 +113,46 @@ def run_cases_on_devices(cases: Path, devices: int = 8, timeout: int = 480) -> N
       text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
   assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# ---- subprocess tests started early, in the background --------------------------------------
+# A test whose work is a subprocess (forced-device pytest runs, two-process runs, notebook
+# kernels) leaves this process idle while it waits. So such work is registered here by its test
+# and, when that test is selected, started as the session begins on one background thread (one
+# job at a time, in test order), where it overlaps the in-process tests; the test then waits for
+# the result and makes every assertion on it as before. Not selected: nothing starts.
+
+# The environment subprocesses get: as the session began, whatever a test running meanwhile
+# sets (monkeypatch.setenv) in this process's.
+ENVIRON = dict(os.environ)
+_JOBS: dict[str, Callable[[Path], Any]] = {}
+_STARTED: dict[str, concurrent.futures.Future] = {}
+
+
+def _job_key(item) -> str:
+  return f"{Path(str(item.fspath)).name}::{item.name}"
+
+
+def background_job(test_file: str, test_name: str, job: Callable[[Path], Any]) -> None:
+  """Register `job(tmp_dir)` (no fixtures, no jax in this process, returns its result) as the
+  work of the test `test_name` (with its parameters, as pytest names it) of `test_file`."""
+  _JOBS[f"{Path(test_file).name}::{test_name}"] = job
+
+
+def background_result(request, tmp_path: Path):
+  """The result of this test's registered job, waited for (raising what the job raised)."""
+  key = _job_key(request.node)
+  future = _STARTED.pop(key, None)
+  return _JOBS[key](tmp_path) if future is None else future.result()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_background_jobs(request, tmp_path_factory):
+  keys = [k for k in map(_job_key, request.session.items) if k in _JOBS]
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="test-subprocess")
+  for key in keys:
+    _STARTED[key] = pool.submit(_JOBS[key], tmp_path_factory.mktemp("background"))
+  yield
+  for future in _STARTED.values():  # tests that never ran (-x, interrupted): no new jobs
+    future.cancel()
+  pool.shutdown(wait=True)

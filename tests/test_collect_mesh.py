@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import run_cases_on_devices
+from conftest import background_job, background_result, run_cases_on_devices
 from test_multihost import run_two
 
 from paraflax import cli
@@ -52,15 +52,22 @@ def test_the_mesh_flag_takes_what_train_set_mesh_takes():
     parse(["teacher-data", "--workdir", "w", "--out", "o", "--mesh", "2,2"])
 
 
-@pytest.mark.slow
-def test_stores_collected_on_eight_devices_equal_one_device():
-  run_cases_on_devices(HERE / "collect_mesh_cases.py")
+# (both subprocess runs start early in the background: conftest.background_job)
+background_job(__file__, "test_stores_collected_on_eight_devices_equal_one_device",
+               lambda tmp: run_cases_on_devices(HERE / "collect_mesh_cases.py"))
+background_job(__file__, "test_two_processes_each_write_their_rows_of_one_store",
+               lambda tmp: run_two(HERE / "multihost_collect_worker.py", tmp,
+                                   env={"PARAFLAX_TEST_OUT": str(tmp / "stores")}))
 
 
 @pytest.mark.slow
-def test_two_processes_each_write_their_rows_of_one_store(tmp_path):
-  results = run_two(HERE / "multihost_collect_worker.py", tmp_path,
-                    env={"PARAFLAX_TEST_OUT": str(tmp_path / "stores")})
+def test_stores_collected_on_eight_devices_equal_one_device(request, tmp_path):
+  background_result(request, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_processes_each_write_their_rows_of_one_store(request, tmp_path):
+  results = background_result(request, tmp_path)
   assert [r["rows"] for r in results] == [[[0, 4]], [[4, 8]]]  # batch rows split by process
   for r in results:
     assert all(r["checks"].values()), r

@@ -4,13 +4,13 @@ equal the same computations on one device."""
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import ENVIRON, background_job, background_result
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 240
@@ -30,7 +30,7 @@ def run_two(worker: Path, tmp_path: Path, env: dict | None = None) -> list[dict]
   with contextlib.ExitStack() as stack:
     procs = []
     for i, log in enumerate(logs):
-      penv = {**os.environ, **(env or {}),
+      penv = {**ENVIRON, **(env or {}),
               "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
               "JAX_PLATFORMS": "cpu", "PARAFLAX_COORDINATOR": f"127.0.0.1:{port}",
               "PARAFLAX_NUM_PROCESSES": "2", "PARAFLAX_PROCESS_ID": str(i)}
@@ -56,9 +56,14 @@ def run_two(worker: Path, tmp_path: Path, env: dict | None = None) -> list[dict]
   return results
 
 
+# (started early in the background: conftest.background_job)
+background_job(__file__, "test_two_processes_train_and_generate_as_one_device",
+               lambda tmp: run_two(HERE / "multihost_worker.py", tmp))
+
+
 @pytest.mark.slow
-def test_two_processes_train_and_generate_as_one_device(tmp_path):
-  results = run_two(HERE / "multihost_worker.py", tmp_path)
+def test_two_processes_train_and_generate_as_one_device(request, tmp_path):
+  results = background_result(request, tmp_path)
   for r in results:
     assert all(r["checks"].values()), r
   # process 0 checked loss, params and tokens against one device; process 1 saw the same

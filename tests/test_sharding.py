@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import MICRO, run_cases_on_devices
+from conftest import MICRO, background_job, background_result, run_cases_on_devices
 from flax import nnx, struct
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
@@ -118,11 +118,16 @@ def test_distributed_settings_come_from_arguments_then_environment():
     distributed.resolve(env={**env, "PARAFLAX_NUM_PROCESSES": "two"})
 
 
+background_job(__file__, "test_sharded_runs_on_eight_devices_equal_one_device",
+               lambda tmp: run_cases_on_devices(HERE / "sharding_cases.py"))
+
+
 @pytest.mark.slow
-def test_sharded_runs_on_eight_devices_equal_one_device():
+def test_sharded_runs_on_eight_devices_equal_one_device(request, tmp_path):
   """Runs `sharding_cases.py` (train step, AR + PromptLookup generate, cache specs,
-  checkpoints across meshes, the trainer under a mesh) with 8 forced CPU devices."""
-  run_cases_on_devices(HERE / "sharding_cases.py")
+  checkpoints across meshes, the trainer under a mesh) with 8 forced CPU devices (started
+  early in the background: conftest.background_job)."""
+  background_result(request, tmp_path)
 
 
 # ---------------------------------------------------------------- the meshes users make

@@ -19,7 +19,7 @@ from paraflax.decoding.generate import TRACES
 from paraflax.training import get_objective, load_config
 from paraflax.training.objectives import cross_entropy
 from paraflax.training.tidar import doubled, tidar_loss
-from conftest import micro_model
+from conftest import compiled_forward, micro_model
 from test_generate import reference_greedy
 from test_verify import assert_samples_the_joint
 
@@ -199,13 +199,14 @@ def _enumerated_joint(model, sampler, prompt, n_new, v, beta, k):
   k-slot mask block after the prefix), both conditioned on the same prefix: [v ** n_new]."""
   seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
   joint = np.ones(len(seqs))
+  forward = compiled_forward(model)
   for d in range(n_new):
     prefix = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs[:, :d]], 1)
     p = prefix.shape[1]
     tokens = np.concatenate([prefix, np.full((len(seqs), k), model.cfg.mask_token_id)], 1)
     pos = np.concatenate([np.arange(p), p + np.arange(k)])
     lens = jnp.full((len(seqs),), p)
-    logits, _ = model(jnp.asarray(tokens), jnp.broadcast_to(pos, tokens.shape),
+    logits, _ = forward(jnp.asarray(tokens), jnp.broadcast_to(pos, tokens.shape),
                       masks.tidar_prefill(lens, p, k))
     target = beta * logits[:, p - 1] + (1 - beta) * logits[:, p]
     probs = np.asarray(sampler.probs(target), np.float64)

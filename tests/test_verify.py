@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compiled_forward
 from scipy import stats
 
 import paraflax as pf
@@ -139,7 +140,7 @@ def enumerated_ar_joint(model, sampler, prompt, n_new: int):
   seqs = np.array(list(itertools.product(range(v), repeat=n_new)))
   full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], 1)
   t = full.shape[1]
-  logits, _ = model(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
+  logits, _ = compiled_forward(model)(jnp.asarray(full), jnp.broadcast_to(jnp.arange(t), full.shape),
                     masks.causal(jnp.full((len(seqs),), t), t))
   probs = np.asarray(sampler.probs(logits[:, len(prompt) - 1:t - 1]), np.float64)
   return np.prod(np.take_along_axis(probs, seqs[..., None], -1)[..., 0], -1)

@@ -106,7 +106,7 @@ def cmd_convert(args):
 def cmd_export(args):
   from paraflax import hf, loading
   model, tok, _ = loading.load_model(args.workdir, args.hf)
-  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok, eos_ids=tok.eos_ids)}")
+  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok)}")  # every EOS id, roles
 
 
 def cmd_checksum(args):

@@ -49,9 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "method, optimiser and loop; method tokens <mask>/<sep> are added when "
                       "the recipe needs them: data.mask_token/data.sep_token pick others)")
   parser.add_argument("--data", metavar="FILE.jsonl", action="append", default=[],
-                      help="train on this JSON Lines file ({\"text\"} or {\"prompt\", "
-                      "\"response\"} records), repeatable; without --hf the tokenizer is a "
-                      "trained BPE, or data.tokenizer's")
+                      help="train on these JSON Lines records ({\"text\"}, {\"prompt\", "
+                      "\"response\"} or chat {\"messages\"}; a file, glob or directory), "
+                      "repeatable; without --hf the tokenizer is a trained BPE, or "
+                      "data.tokenizer's")
   parser.add_argument("--dry-run", action="store_true", help="compile one step with abstract "
                       "shapes (no weights, no data, nothing written) and print its memory as "
                       "JSON: argument_bytes, temp_bytes, ... per device")

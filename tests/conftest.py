@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -78,6 +79,16 @@ def compiled_forward(model):
   graphdef, state = nnx.split(model)
   forward = jax.jit(lambda state, *args: nnx.merge(graphdef, state)(*args))
   return lambda *args: forward(state, *args)
+
+
+def full_logits(model, tokens_BxT, positions_BxT=None) -> np.ndarray:
+  """float32 logits `[B, T, V]` of whole rows under the causal mask (positions 0..T-1 unless
+  given): what a Hugging Face model's forward returns for the same ids."""
+  b, t = np.shape(tokens_BxT)
+  positions = np.broadcast_to(np.arange(t), (b, t)) if positions_BxT is None else positions_BxT
+  logits, _ = model(jnp.asarray(tokens_BxT), jnp.asarray(positions),
+                    pf.masks.causal(jnp.full((b,), t), t))
+  return np.asarray(logits)
 
 
 class StubTokenizer:

@@ -8,14 +8,13 @@ prints greedy AR's ids of the trained weights; the exportable ones reload in tra
 import json
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import full_logits
 import tokenizers
 import torch
 import transformers
 
-import paraflax as pf
 from paraflax import cli
 from paraflax.training import load_trained
 
@@ -113,11 +112,9 @@ def _check_export(capsys, run: Path, out: Path, base: Path) -> None:
   capsys.readouterr()
   model, tok, _ = load_trained(run)
   tokens = np.random.RandomState(0).randint(0, tok.vocab_size, (2, 20))
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(np.broadcast_to(np.arange(20), (2, 20))),
-                    pf.masks.causal(jnp.full((2,), 20), 20))
   with torch.no_grad():
     got = _hf_model(out)(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(got, np.asarray(logits), atol=1e-4, rtol=0)
+  np.testing.assert_allclose(got, full_logits(model, tokens), atol=1e-4, rtol=0)
   ref = _hf_model(base)
   with torch.no_grad():
     before = ref(torch.tensor(tokens)).logits.numpy()

@@ -14,6 +14,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import full_logits
 import tokenizers
 import torch
 import transformers
@@ -105,14 +106,6 @@ def _hf_logits(model, tokens, positions=None) -> np.ndarray:
     return model(torch.tensor(tokens), position_ids=pos).logits.numpy()
 
 
-def _pf_logits(model, tokens, positions=None) -> np.ndarray:
-  b, t = tokens.shape
-  positions = np.broadcast_to(np.arange(t), (b, t)) if positions is None else positions
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions),
-                    pf.masks.causal(jnp.full((b,), t), t))
-  return np.asarray(logits)
-
-
 def _params(model) -> dict:
   return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
@@ -127,10 +120,10 @@ def test_logits_match_transformers(checkpoints, name):
   tokens = np.random.RandomState(0).randint(0, 128, (2, t))
   ref = _hf_logits(hf, tokens)
   assert ref.std() >= 2.0
-  np.testing.assert_allclose(_pf_logits(model, tokens), ref, rtol=0, atol=1e-4)
+  np.testing.assert_allclose(full_logits(model, tokens), ref, rtol=0, atol=1e-4)
   # shifted positions (a chunk after a cache, or a left-padded row)
   positions = np.broadcast_to(np.arange(t) + 37, (2, t))
-  np.testing.assert_allclose(_pf_logits(model, tokens, positions),
+  np.testing.assert_allclose(full_logits(model, tokens, positions),
                              _hf_logits(hf, tokens, positions), rtol=0, atol=1e-4)
 
 
@@ -143,7 +136,7 @@ def test_llama3_rope_scaling_matters(checkpoints):
   plain_def, _ = abstract_model(dataclasses.replace(model.cfg, rope_scaling=None))
   plain = nnx.merge(plain_def, nnx.state(model, nnx.Param))
   tokens = np.random.RandomState(1).randint(0, 128, (1, 160))
-  gap = np.abs(_pf_logits(plain, tokens) - _hf_logits(hf, tokens)).max()
+  gap = np.abs(full_logits(plain, tokens) - _hf_logits(hf, tokens)).max()
   assert gap > 0.1
 
 

@@ -5,13 +5,12 @@ the configs name the tokenizer's EOS/PAD, and `generate` stops at EOS. AS-ARMs a
 import json
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import full_logits
 import torch
 import transformers
 
-import paraflax as pf
 from paraflax import cli
 from paraflax.training import load_trained
 
@@ -31,13 +30,6 @@ def _load_hf(path):
   return model, transformers.AutoTokenizer.from_pretrained(path)
 
 
-def _pf_logits(model, tokens) -> np.ndarray:
-  b, t = tokens.shape
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(np.broadcast_to(np.arange(t), (b, t))),
-                    pf.masks.causal(jnp.full((b,), t), t))
-  return np.asarray(logits)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_export_loads_in_transformers_with_its_tokenizer(name, tmp_path):
@@ -48,7 +40,7 @@ def test_export_loads_in_transformers_with_its_tokenizer(name, tmp_path):
   tokens = np.random.RandomState(0).randint(0, tok.vocab_size, (2, 48))
   with torch.no_grad():
     ref = hf_model(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(ref, _pf_logits(model, tokens), atol=1e-4, rtol=0)
+  np.testing.assert_allclose(ref, full_logits(model, tokens), atol=1e-4, rtol=0)
   assert hf_tok(TEXT)["input_ids"] == tok.encode(TEXT)
   assert hf_tok.decode(tok.encode(TEXT)) == TEXT
   configs = [json.loads((out / f).read_text()) for f in ("config.json", "generation_config.json")]
@@ -71,7 +63,7 @@ def test_generate_stops_at_the_first_eos(tmp_path):
   out = hf_model.generate(**prompt, max_new_tokens=32, do_sample=False)[0].numpy()
   new = out[prompt["input_ids"].shape[1]:].tolist()
   assert new[-1] == tok.eos_id and tok.eos_id not in new[:-1] and 1 < len(new) < 32
-  greedy = _pf_logits(model, out[None, :-1])[0, -len(new):].argmax(-1)
+  greedy = full_logits(model, out[None, :-1])[0, -len(new):].argmax(-1)
   assert greedy.tolist() == new
 
 

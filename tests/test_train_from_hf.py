@@ -8,9 +8,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import full_logits
 import tokenizers
 import torch
 import transformers
@@ -104,11 +104,14 @@ def _hf_model(path):
   return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _pf_logits(model, tokens) -> np.ndarray:
-  b, t = tokens.shape
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(np.broadcast_to(np.arange(t), (b, t))),
-                    pf.masks.causal(jnp.full((b,), t), t))
-  return np.asarray(logits)
+def _export_matches(run, out, seed: int) -> None:
+  """`export` of `run` reloads in transformers with paraflax's logits (within 1e-4)."""
+  assert cli.main(["export", "--workdir", str(run), "--to-hf", str(out)]) == 0
+  model, tok, _ = load_trained(run)
+  tokens = np.random.RandomState(seed).randint(0, tok.vocab_size, (2, 24))
+  with torch.no_grad():
+    got = _hf_model(out)(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(got, full_logits(model, tokens), atol=1e-4, rtol=0)
 
 
 @pytest.mark.fast
@@ -182,13 +185,8 @@ def test_ar_sft_from_hf_matches_transformers_then_generates_and_exports(
   assert cli.main(["generate", "--workdir", str(run), "--decoder", "ar", "--prompt",
                    "def f3(x):", "--max-new-tokens", "6", "--json"]) == 0
   assert len(json.loads(capsys.readouterr().out)["completions"][0]["ids"]) <= 6
-  assert cli.main(["export", "--workdir", str(run), "--to-hf", str(tmp_path / "out")]) == 0
+  _export_matches(run, tmp_path / "out", seed=0)
   capsys.readouterr()
-  model, tok, _ = load_trained(run)
-  tokens = np.random.RandomState(0).randint(0, tok.vocab_size, (2, 24))
-  with torch.no_grad():
-    got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(got, _pf_logits(model, tokens), atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow
@@ -198,13 +196,9 @@ def test_tidar_from_hf_adds_mask_and_exports_it(capsys, dirs, data_file, tmp_pat
   _train(capsys, "tidar_scratch.py", hf, data_file, run)
   model, tok, _ = load_trained(run)
   assert model.cfg.mask_token_id == tok.mask_id == load_tokenizer(hf).vocab_size
-  assert cli.main(["export", "--workdir", str(run), "--to-hf", str(tmp_path / "out")]) == 0
+  _export_matches(run, tmp_path / "out", seed=1)
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
   assert hf_tok.convert_tokens_to_ids("<mask>") == model.cfg.mask_token_id
-  tokens = np.random.RandomState(1).randint(0, tok.vocab_size, (2, 24))
-  with torch.no_grad():
-    got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(got, _pf_logits(model, tokens), atol=1e-4, rtol=0)
 
 
 @pytest.mark.fast
@@ -247,7 +241,7 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   tokens = np.random.RandomState(2).randint(0, cfg.model.vocab_size, (2, 16))
   with torch.no_grad():
     got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(got, _pf_logits(model, tokens), atol=1e-4, rtol=0)
+  np.testing.assert_allclose(got, full_logits(model, tokens), atol=1e-4, rtol=0)
   asarm = from_hf(load_config(CONFIGS / "asarm.py"), hf)
   assert asarm.model.two_stream
   with pytest.raises(ValueError, match="two_stream"):

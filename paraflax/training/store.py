@@ -105,6 +105,16 @@ def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] 
   return Prompts(tokens, lengths, {**(meta or {}), "prompts": digest}, counts)
 
 
+def chosen_prompts(tokens, cfg):
+  """(cfg, prompts int32 [N, P], lengths [N], meta): the given `Prompts` (records' prompts;
+  `cfg.examples` becomes their number, their meta goes into the store's), or `cfg.examples`
+  random windows of the token stream `tokens` (`training_prompts`)."""
+  if isinstance(tokens, Prompts):
+    cfg = dataclasses.replace(cfg, examples=len(tokens.lengths))
+    return cfg, tokens.tokens, tokens.lengths, tokens.meta
+  return (cfg, *training_prompts(tokens, cfg), {})
+
+
 def open_array(path: Path, name: str, shape=None, chunk=None, *, create: bool = False):
   """The zarr int32 array `path/name`: opened, or created empty (replacing any old one)."""
   spec = {"driver": "zarr", "kvstore": kvstore(path / name),

@@ -68,19 +68,15 @@ def collect(model, tokenizer, tokens: np.ndarray | store.Prompts, out: str | os.
   `mesh`, `axis_rules` as for `generate`: the model sharded by the rules, each batch's
   prompts split over the data axes; multi-host, each process writes its rows (`shares.py`)."""
   out = Path(out).expanduser()
-  chosen = tokens if isinstance(tokens, store.Prompts) else None
-  if chosen is not None:  # records' prompts: as many examples as were chosen
-    cfg = dataclasses.replace(cfg, examples=len(chosen.lengths))
+  cfg, prompts, lens, chosen = store.chosen_prompts(tokens, cfg)
   bs, p, a = cfg.batch_size, cfg.max_prompt_len, cfg.answer_len
   if p + a > model.cfg.max_seq_len:
     raise ValueError(f"max_prompt_len + answer_len = {p + a} exceeds the teacher's max_seq_len "
                      f"{model.cfg.max_seq_len}")
   meta = {**dataclasses.asdict(cfg), "source": str(source),
-          "tokenizer": tokenizer.fingerprint(), **(chosen.meta if chosen is not None else {})}
+          "tokenizer": tokenizer.fingerprint(), **chosen}
   shapes = {"prompts": ((cfg.examples, p), (bs, p)), "prompt_lens": ((cfg.examples,), (bs,)),
             "answers": ((cfg.examples, a), (bs, a))}
-  prompts, lens = ((chosen.tokens, chosen.lengths) if chosen is not None else
-                   training_prompts(tokens, cfg))
   share = Share(sharding.resolve_mesh(mesh, axis_rules), bs)
   model = share.place(model)  # once, not per batch
 

@@ -116,22 +116,18 @@ def collect(model, tokenizer, tokens: np.ndarray | store.Prompts, out: str | os.
   `mesh`, `axis_rules` as for `generate`: the model sharded by the rules, each batch's
   prompts split over the data axes; multi-host, each process writes its rows (`shares.py`)."""
   out = Path(out).expanduser()
-  chosen = tokens if isinstance(tokens, store.Prompts) else None
-  if chosen is not None:  # records' prompts: as many examples as were chosen
-    cfg = dataclasses.replace(cfg, examples=len(chosen.lengths))
+  cfg, prompts, lens, chosen = store.chosen_prompts(tokens, cfg)
   n, nb, bs = cfg.block_size, cfg.num_blocks, cfg.batch_size
   if cfg.max_prompt_len + nb * n > model.cfg.max_seq_len:
     raise ValueError(f"max_prompt_len + num_blocks * block_size = "
                      f"{cfg.max_prompt_len + nb * n} exceeds the model's max_seq_len "
                      f"{model.cfg.max_seq_len}")
   meta = {**dataclasses.asdict(cfg), "source": str(source),
-          "tokenizer": tokenizer.fingerprint(), **(chosen.meta if chosen is not None else {})}
+          "tokenizer": tokenizer.fingerprint(), **chosen}
   shapes = {"prompts": ((cfg.examples, cfg.max_prompt_len), (bs, cfg.max_prompt_len)),
             "prompt_lens": ((cfg.examples,), (bs,)),
             "trajectories": ((cfg.examples, nb, n + 1, n), (bs, nb, n + 1, n)),
             "iterations": ((cfg.examples, nb), (bs, nb))}
-  prompts, lens = ((chosen.tokens, chosen.lengths) if chosen is not None else
-                   training_prompts(tokens, cfg))
   share = Share(sharding.resolve_mesh(mesh, axis_rules), bs)
   fwd = Forward.of(share.place(model))
   key = jax.random.key(cfg.seed)  # one key per batch, whatever the mesh: the same store

@@ -7,7 +7,9 @@ the doubled sequence [clean | all-mask copy] (objective "tidar", alpha = 1), wit
 The parameter shapes are the AR model's (TiDAR adds no weights; mask id 2 is the tokenizer's
 reserved <mask>). A doubled row costs ~3x an AR row per token: ~2k clean tokens/s on 2 quiet
 CPU cores, so 400 steps of 16 x 256 take ~14 minutes (36 minutes measured while another
-training job shared the cores).
+training job shared the cores). Training on does not lower the diffusion loss: a 1600-step
+schedule stopped by the plateau rule at step 500 ends at the same diffusion loss with a worse
+AR mode (README, TiDAR; `scripts/tidar_agreement.py`).
 """
 
 import dataclasses

@@ -37,7 +37,7 @@ def test_bench_writes_the_contract_json(workdir, tmp_path):
   assert cli.main(["bench", "--workdir", str(workdir), "--prompts", "3", "--max-new-tokens",
                    "8", "--batch-size", "2", "--json", str(path)]) == 0
   rows = json.loads(path.read_text())
-  assert [r["method"] for r in rows] == ["ar", "jacobi", "prompt_lookup"]
+  assert [r["method"] for r in rows] == ["ar", "jacobi", "jacobi_mr", "prompt_lookup"]
   ar = rows[0]
   for row in rows[1:]:
     assert row["exact_match_vs_ar"] == 1.0  # greedy parallel decoders reproduce AR

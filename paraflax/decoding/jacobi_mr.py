@@ -293,7 +293,6 @@ def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int,
   pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_win + 1, 0))
   state = state.replace(cache=cache, pending=pending, forwards=state.forwards + active)
   state, _ = st.emit(state, new, n_win + 1)
-  rejected = active & (n_win < m.ra_len)  # the RA rejected a draft
   if c and rule == "rejected_drafts":  # the main block's rejected tail
     n_main, end = n_acc[:, 0], m.ra_len + m.blocks * n  # end: drafts in the stream
     tail = jnp.take_along_axis(
@@ -301,8 +300,9 @@ def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int,
     ok = active & (n_main < m.ra_len) & (end - n_main >= 2)
     pool, ptr = recycling.insert(m.pool, m.ptr, tail, ok, dedup=True)
     m = m.replace(pool=pool, ptr=ptr)
+  rejected = active & (n_win < m.ra_len)  # the RA rejected a draft
   m = advance(m, g[:, :tm], g_win, n_win, nxt, active, n, k, s)
-  if c and rule == "released":  # the new stream, then the RA's fresh drafts (newest)
+  if c and rule == "released":  # after a rejection: the new stream, then the RA's fresh drafts
     for entry in stream_entries(m, state.tokens, state.lengths, n):
       pool, ptr = recycling.insert(m.pool, m.ptr, entry, rejected)
       m = m.replace(pool=pool, ptr=ptr)

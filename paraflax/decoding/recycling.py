@@ -3,10 +3,11 @@ sequences from past Jacobi iterations, and the lookup that turns them into candi
 for the pending token. Two rules (`RULES`):
 
 * "released", as the released Jacobi Forcing code does it: after a step in which the
-  real-active block rejected a draft, two entries of K*n tokens enter the ring (a
-  `deque(maxlen=P)`): the in-flight stream (`jacobi_mr.stream_entries`), then the RA's fresh
-  drafts. The lookup skips the newest entry; in every other, the candidate is the suffix from
-  the *first occurrence of the pending token anywhere* in it, padded with the main block.
+  real-active block rejected a draft, two entries of (K+1)*n - 1 tokens enter the ring (a
+  `deque(maxlen=P)`): the last n emitted tokens and the in-flight drafts
+  (`jacobi_mr.stream_entries`), then the RA's fresh drafts. The lookup skips the newest
+  entry; in every other, the candidate is the suffix from the *first occurrence of the
+  pending token anywhere* in it, padded with the main block.
 * "rejected_drafts", the paper's prose: the main block's rejected drafts (n tokens), kept
   once; an entry is a candidate only when its *first* token is the pending token.
 
@@ -37,7 +38,8 @@ def lookup(pool_BxPxE, ptr_B, main_BxN, c: int, rule: str):
 
   A valid candidate's slot 0 is the pending token, found in the entry (`any`, never an
   argmax that would read 0 on no match); slot i is the entry's token i places later, or the
-  main block's slot i past the entry's end. Invalid candidates repeat the pending token.
+  main block's slot i past the entry's end. A copy of the main block is no candidate (it
+  cannot win); invalid candidates repeat the pending token.
   """
   b, p, e = pool_BxPxE.shape
   n = main_BxN.shape[1]
@@ -52,7 +54,7 @@ def lookup(pool_BxPxE, ptr_B, main_BxN, c: int, rule: str):
   idx = start[..., None] + jnp.arange(n)  # [B, P, n]
   tok = jnp.take_along_axis(pool_BxPxE, jnp.minimum(idx, e - 1), -1)
   tok = jnp.where((idx < e) & (tok >= 0), tok, main_BxN[:, None])
-  found &= jnp.any(tok != main_BxN[:, None], -1)  # a copy of the main block cannot win
+  found &= jnp.any(tok != main_BxN[:, None], -1)
   top, pick = jax.lax.top_k(jnp.where(found, p - age, 0), c)  # newest first
   cands = jnp.take_along_axis(tok, pick[..., None], 1)
   valid = top > 0

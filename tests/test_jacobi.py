@@ -151,13 +151,13 @@ def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   states = list(pf.generate_steps(model, MR_PROMPTS, decoder=dec, max_new_tokens=max_new))
   assert states[-1].pending.kv.k.shape[2] == (2 + c) * n
   np.testing.assert_array_equal(st.finish(states[-1]).tokens, ar_mr.tokens)
-  checked = 0
+  checked, lookup = 0, jax.jit(recycling.lookup, static_argnums=(3, 4))
   for prev, cur in itertools.pairwise(states):
     won = np.asarray(cur.mr.wins - prev.mr.wins)
     if not won.any():
       continue
     main = jnp.concatenate([st.last_tokens(prev)[:, None], prev.mr.drafts[:, :n - 1]], 1)
-    cands, valid = recycling.lookup(prev.mr.pool, prev.mr.ptr, main, c, dec.recycling)
+    cands, valid = lookup(prev.mr.pool, prev.mr.ptr, main, c, dec.recycling)
     assert np.all(np.asarray(cands[..., 0]) == np.asarray(main[:, :1]))  # slot 0: pending
     for r in np.flatnonzero(won):
       lo, hi = int(prev.lengths[r]), int(cur.lengths[r])
@@ -190,27 +190,29 @@ def test_pool_ring_and_both_lookup_rules():
   """The ring is a deque(maxlen=P) (deduplicated for "rejected_drafts"); "rejected_drafts"
   matches an entry's first token, "released" the first occurrence anywhere but in the newest
   entry; a candidate starts with the pending token and runs on into the main block."""
+  insert = jax.jit(recycling.insert, static_argnames="dedup")  # one compile, not one per op
+  lookup = jax.jit(recycling.lookup, static_argnums=(3, 4))
   pool, ptr = jnp.full((2, 3, 2), -1, jnp.int32), jnp.zeros((2,), jnp.int32)
   yes, no = jnp.array([True, False]), jnp.array([False, False])
   for entry, ok in [([1, 2], yes), ([3, 4], yes), ([1, 2], yes),  # a duplicate: skipped
                     ([5, 6], no), ([5, 6], yes), ([7, 8], yes)]:  # [7, 8] evicts [1, 2]
-    pool, ptr = recycling.insert(pool, ptr, jnp.array([entry, entry]), ok, dedup=True)
+    pool, ptr = insert(pool, ptr, jnp.array([entry, entry]), ok, dedup=True)
   np.testing.assert_array_equal(pool[0], [[7, 8], [3, 4], [5, 6]])
   np.testing.assert_array_equal(pool[1], -np.ones((3, 2)))
   np.testing.assert_array_equal(ptr, [4, 0])
   main = jnp.array([[5, 0], [5, 0]])
-  cands, valid = recycling.lookup(pool, ptr, main, 2, "rejected_drafts")
+  cands, valid = lookup(pool, ptr, main, 2, "rejected_drafts")
   np.testing.assert_array_equal(cands, [[[5, 6], [5, 5]], [[5, 5], [5, 5]]])
   np.testing.assert_array_equal(valid, [[True, False], [False, False]])
-  pool, ptr = recycling.insert(pool, ptr, jnp.array([[5, 9], [5, 9]]), yes)  # evicts [3, 4]
-  cands, valid = recycling.lookup(pool, ptr, main, 2, "rejected_drafts")
+  pool, ptr = insert(pool, ptr, jnp.array([[5, 9], [5, 9]]), yes)  # evicts [3, 4]
+  cands, valid = lookup(pool, ptr, main, 2, "rejected_drafts")
   np.testing.assert_array_equal(cands[0], [[5, 9], [5, 6]])  # newest first
   np.testing.assert_array_equal(valid[0], [True, True])
   # "released", pending token 7, main block [7 5 6], entries oldest to newest
   pool = jnp.array([[[1, 7, 2, 9, 7], [7, 3, -1, -1, -1], [0, 7, 5, 6, -1],  # a main copy
                      [4, 4, 4, -1, -1], [7, 8, 8, -1, -1]]])  # no 7; the newest, skipped
   ptr = jnp.array([5])
-  cands, valid = recycling.lookup(pool, ptr, jnp.array([[7, 5, 6]]), 4, "released")
+  cands, valid = lookup(pool, ptr, jnp.array([[7, 5, 6]]), 4, "released")
   np.testing.assert_array_equal(cands[0], [[7, 3, 6], [7, 2, 9], [7, 7, 7], [7, 7, 7]])
   np.testing.assert_array_equal(valid[0], [True, True, False, False])
 

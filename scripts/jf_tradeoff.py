@@ -2,9 +2,9 @@
 
     python scripts/jf_tradeoff.py --base checkpoints/tiny_ar runs/jf_a runs/jf_b ... --out jf.png
 
-Per run: greedy Jacobi (block 16) and MR (K = 2, pool 16, C = 2) tokens/forward on HumanEval
-prompts (exact vs the run's own greedy AR checked), held-out stdlib loss, and the greedy
-completion of the first prompt, so a collapsed model is visible next to its speed.
+Per run: greedy Jacobi (block 16) and the bench's MR (`methods.mr_decoder`) tokens/forward on
+HumanEval prompts (exact vs the run's own greedy AR checked), held-out stdlib loss, and the
+greedy completion of the first prompt, so a collapsed model is visible next to its speed.
 """
 
 import argparse
@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from paraflax import decoders  # noqa: E402
 from paraflax.evaluation.humaneval import humaneval_prompts  # noqa: E402
 from paraflax.evaluation.bench import Method, run_bench  # noqa: E402
+from paraflax.evaluation.methods import MR_SETTINGS, mr_decoder  # noqa: E402
 from paraflax.evaluation.quality import heldout_batches, heldout_loss  # noqa: E402
 from paraflax.training import load_trained  # noqa: E402
 from paraflax.decoding.generate import generate  # noqa: E402
@@ -32,14 +33,16 @@ def main():
   ap.add_argument("--prompts", type=int, default=8)
   ap.add_argument("--out", default="jf_tradeoff.png")
   ap.add_argument("--results", default="jf_tradeoff.jsonl",
-                  help="one JSON line per run; runs already there are not measured again")
+                  help="one JSON line per run; runs already there (with this MR setting) are not "
+                  "measured again")
   args = ap.parse_args()
   known = {}
   if Path(args.results).is_file():
-    known = {r["run"]: r for r in map(json.loads, Path(args.results).read_text().splitlines())}
+    known = {r["run"]: r for r in map(json.loads, Path(args.results).read_text().splitlines())
+             if r.get("mr_settings") == MR_SETTINGS}
   base, tok, _ = load_trained(args.base)
   prompts = humaneval_prompts(tok.encode, args.prompts, 192)
-  mr = decoders.JacobiMR(16, num_blocks=2, pool_size=16, num_candidates=2)
+  mr = mr_decoder(16)
   results, val = [], heldout_batches(tok)
   for wd in [args.base] + args.runs:
     if wd in known:
@@ -50,7 +53,7 @@ def main():
                                      Method("mr", mr, model=model, weights=wd)])
     text = generate(model, prompts[:1], max_new_tokens=32, eos_id=tok.eos_id)
     text = jax.device_get(text)
-    r = {"run": wd, "heldout_loss": heldout_loss(model, val),
+    r = {"run": wd, "mr_settings": MR_SETTINGS, "heldout_loss": heldout_loss(model, val),
          "jacobi_tokens_per_forward": rows[1].tokens_per_forward,
          "mr_tokens_per_forward": rows[2].tokens_per_forward,
          "exact": min(rows[1].exact_match_vs_ar, rows[2].exact_match_vs_ar),
@@ -68,7 +71,7 @@ def main():
     ax.annotate(Path(r["run"]).name, (r["heldout_loss"], r["mr_tokens_per_forward"]),
                 fontsize=7, xytext=(3, 3), textcoords="offset points")
   ax.plot([], [], "o", color="C0", label="Jacobi, block 16")
-  ax.plot([], [], "s", color="C1", label="MR: K=2, pool 16, C=2")
+  ax.plot([], [], "s", color="C1", label=f"MR, n16 {MR_SETTINGS}")
   ax.set_xlabel("held-out stdlib loss (nats/token, lower is better)")
   ax.set_ylabel("tokens per forward (HumanEval prompts)")
   ax.legend()

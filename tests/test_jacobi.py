@@ -7,9 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import paraflax as pf
 from paraflax.decoding import jacobi_mr as mr
+from paraflax.decoding import recycling
 from paraflax.decoding import state as st
 from paraflax.decoding.generate import TRACES
 from test_generate import reference_greedy
@@ -67,6 +69,7 @@ def test_jacobi_compiles_once(model):
     (pf.decoders.JacobiMR(4, pool_size=-1), "pool_size >= 0"),
     (pf.decoders.JacobiMR(4, pool_size=2, num_candidates=3), "num_candidates <= pool_size"),
     (pf.decoders.JacobiMR(4, pool_size=2), "needs num_candidates >= 1"),
+    (pf.decoders.JacobiMR(4, pool_size=2, num_candidates=1, recycling="paper"), "recycling in"),
     (pf.decoders.JacobiMR(1, pool_size=2, num_candidates=1), "need block_size >= 2"),
     (pf.decoders.JacobiMR(1, num_blocks=2), "need block_size >= 2"),
     (pf.decoders.JacobiMR(0), "block_size >= 1"),
@@ -80,14 +83,15 @@ def test_bad_parameters_are_clear_errors(model, dec, match):
 # ---- rejection recycling and multi-block decoding (MR) ----
 
 J, MR = pf.decoders.Jacobi, pf.decoders.JacobiMR
-MR_CONFIGS = {  # recycling, multi-block, both; block sizes 2, 4, 8; K in {2, 3}
+OLD = {"recycling": "rejected_drafts"}
+MR_CONFIGS = {  # recycling (both pool rules), multi-block, both; block sizes 2, 4, 8; K 1-3
     "recycle-n2": MR(2, pool_size=4, num_candidates=2),
-    "recycle-n8": MR(8, pool_size=8, num_candidates=4),
+    "recycle-n8-old": MR(8, pool_size=8, num_candidates=4, **OLD),
     "blocks-n4-k2": MR(4, num_blocks=2),
     "blocks-n8-k3": MR(8, num_blocks=3, spawn_threshold=0.25),
     "mr-n2-k3": MR(2, num_blocks=3, pool_size=3, num_candidates=3, spawn_threshold=1.0),
-    "mr-n4-k2": MR(4, num_blocks=2, pool_size=4, num_candidates=2),
-    "mr-n8-k2": MR(8, num_blocks=2, pool_size=6, num_candidates=3, spawn_threshold=0.75),
+    "mr-n4-k2": MR(4, num_blocks=2, pool_size=4, num_candidates=2, spawn_threshold=0.25),
+    "mr-n8-k2-old": MR(8, num_blocks=2, pool_size=6, num_candidates=3, spawn_threshold=0.75, **OLD),
 }
 
 
@@ -119,6 +123,26 @@ def test_mr_with_eos_matches_ar_and_the_loop_twin(model, ar_mr):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
+def test_exactness_check_catches_a_planted_candidate(model, ar_mr, monkeypatch):
+  """Negative control: candidates whose slot 0 is not the pending token (a wrong token at its
+  position) break exactness, so the exactness tests above would catch a broken lookup."""
+  real = recycling.lookup
+
+  def planted(pool, ptr, main, c, rule):
+    cands, valid = real(pool, ptr, main, c, rule)
+    wrong = (cands[..., 0] + 1) % model.cfg.vocab_size
+    return cands.at[..., 0].set(jnp.where(valid, wrong, cands[..., 0])), valid
+
+  @struct.dataclass
+  class Planted(MR):  # a type of its own: a fresh trace, which calls the planted lookup
+    pass
+
+  monkeypatch.setattr(recycling, "lookup", planted)
+  out = pf.generate(model, MR_PROMPTS, decoder=Planted(2, pool_size=4, num_candidates=2),
+                    max_new_tokens=24)
+  assert not np.array_equal(out.tokens, ar_mr.tokens)
+
+
 def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   """Candidates win (with tokens taken from the pool) and pseudo-active blocks get promoted;
   the default stays the plain n-token chunk, MR feeds (K + C) * n."""
@@ -127,12 +151,14 @@ def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   states = list(pf.generate_steps(model, MR_PROMPTS, decoder=dec, max_new_tokens=max_new))
   assert states[-1].pending.kv.k.shape[2] == (2 + c) * n
   np.testing.assert_array_equal(st.finish(states[-1]).tokens, ar_mr.tokens)
-  checked = 0
+  checked, lookup = 0, jax.jit(recycling.lookup, static_argnums=(3, 4))
   for prev, cur in itertools.pairwise(states):
     won = np.asarray(cur.mr.wins - prev.mr.wins)
     if not won.any():
       continue
-    cands, valid = mr.pool_lookup(prev.mr.pool, prev.mr.ptr, st.last_tokens(prev), c)
+    main = jnp.concatenate([st.last_tokens(prev)[:, None], prev.mr.drafts[:, :n - 1]], 1)
+    cands, valid = lookup(prev.mr.pool, prev.mr.ptr, main, c, dec.recycling)
+    assert np.all(np.asarray(cands[..., 0]) == np.asarray(main[:, :1]))  # slot 0: pending
     for r in np.flatnonzero(won):
       lo, hi = int(prev.lengths[r]), int(cur.lengths[r])
       if hi == max_new:  # the buffer end may have cut the winner's tokens short
@@ -160,22 +186,35 @@ def test_mr_compiles_once(model):
   assert TRACES["JacobiMR"] - before == 1
 
 
-def test_pool_is_a_fifo_ring_keyed_by_first_token():
+def test_pool_ring_and_both_lookup_rules():
+  """The ring is a deque(maxlen=P) (deduplicated for "rejected_drafts"); "rejected_drafts"
+  matches an entry's first token, "released" the first occurrence anywhere but in the newest
+  entry; a candidate starts with the pending token and runs on into the main block."""
+  insert = jax.jit(recycling.insert, static_argnames="dedup")  # one compile, not one per op
+  lookup = jax.jit(recycling.lookup, static_argnums=(3, 4))
   pool, ptr = jnp.full((2, 3, 2), -1, jnp.int32), jnp.zeros((2,), jnp.int32)
   yes, no = jnp.array([True, False]), jnp.array([False, False])
   for entry, ok in [([1, 2], yes), ([3, 4], yes), ([1, 2], yes),  # a duplicate: skipped
                     ([5, 6], no), ([5, 6], yes), ([7, 8], yes)]:  # [7, 8] evicts [1, 2]
-    pool, ptr = mr.pool_insert(pool, ptr, jnp.array([entry, entry]), ok)
+    pool, ptr = insert(pool, ptr, jnp.array([entry, entry]), ok, dedup=True)
   np.testing.assert_array_equal(pool[0], [[7, 8], [3, 4], [5, 6]])
   np.testing.assert_array_equal(pool[1], -np.ones((3, 2)))
   np.testing.assert_array_equal(ptr, [4, 0])
-  cands, valid = mr.pool_lookup(pool, ptr, jnp.array([5, 5]), 2)
+  main = jnp.array([[5, 0], [5, 0]])
+  cands, valid = lookup(pool, ptr, main, 2, "rejected_drafts")
   np.testing.assert_array_equal(cands, [[[5, 6], [5, 5]], [[5, 5], [5, 5]]])
   np.testing.assert_array_equal(valid, [[True, False], [False, False]])
-  pool, ptr = mr.pool_insert(pool, ptr, jnp.array([[5, 9], [5, 9]]), yes)  # evicts [3, 4]
-  cands, valid = mr.pool_lookup(pool, ptr, jnp.array([5, 5]), 2)
+  pool, ptr = insert(pool, ptr, jnp.array([[5, 9], [5, 9]]), yes)  # evicts [3, 4]
+  cands, valid = lookup(pool, ptr, main, 2, "rejected_drafts")
   np.testing.assert_array_equal(cands[0], [[5, 9], [5, 6]])  # newest first
   np.testing.assert_array_equal(valid[0], [True, True])
+  # "released", pending token 7, main block [7 5 6], entries oldest to newest
+  pool = jnp.array([[[1, 7, 2, 9, 7], [7, 3, -1, -1, -1], [0, 7, 5, 6, -1],  # a main copy
+                     [4, 4, 4, -1, -1], [7, 8, 8, -1, -1]]])  # no 7; the newest, skipped
+  ptr = jnp.array([5])
+  cands, valid = lookup(pool, ptr, jnp.array([[7, 5, 6]]), 4, "released")
+  np.testing.assert_array_equal(cands[0], [[7, 3, 6], [7, 2, 9], [7, 7, 7], [7, 7, 7]])
+  np.testing.assert_array_equal(valid[0], [True, True, False, False])
 
 
 def _stream(drafts, ra_len, blocks, pacc, n=4):
@@ -212,3 +251,14 @@ def test_spawn_clones_and_pads_the_real_active_block():
   np.testing.assert_array_equal(out.drafts[0], [6, 7, 5, 6, 7, 7, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(out.drafts[1], m.drafts[1])
   np.testing.assert_array_equal(out.blocks, [1, 0])
+
+
+def test_stream_entries_are_the_last_n_tokens_and_the_in_flight_drafts():
+  """n = 4, K = 2 (entries of 11): row 0 emitted 1..5 (5 pending), RA draft 10, pseudo block
+  20-23; row 1 emitted only 7, a fresh RA 30 31 32. Then each row's fresh RA drafts."""
+  m = _stream([[10, 20, 21, 22, 23, 0, 0], [30, 31, 32, 0, 0, 0, 0]], [1, 3], [1, 0], [[1], [0]])
+  tokens = jnp.array([[1, 2, 3, 4, 5, -1], [7, -1, -1, -1, -1, -1]])
+  stream, fresh = jax.jit(mr.stream_entries, static_argnums=3)(m, tokens, jnp.array([5, 1]), 4)
+  np.testing.assert_array_equal(stream, [[2, 3, 4, 5, 10, 20, 21, 22, 23, -1, -1],
+                                         [7, 30, 31, 32] + [-1] * 7])
+  np.testing.assert_array_equal(fresh, [[10] + [-1] * 10, [30, 31, 32] + [-1] * 8])

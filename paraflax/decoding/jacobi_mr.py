@@ -12,18 +12,21 @@ then inactive slots (the pending token repeated). It is causal over the concaten
 pseudo block is conditioned on the noisy blocks before it; inactive slots come last, so they
 cannot influence an active slot, and their outputs are ignored.
 
-Candidates: up to C pool n-grams whose first token is the pending token, each fed at the main
-block's first n positions, seeing the cache and itself (`masks.decode_candidates`). Unused
-candidate slots repeat the pending token and can never win.
+Candidates: up to C blocks from the pool (`recycling.lookup`): slot 0 is the pending token at
+its own position p0, slot i sits at p0 + i (a match deep inside an entry never shifts
+positions), each seeing the cache and itself (`masks.decode_candidates`). Unused candidate
+slots repeat the pending token and can never win.
 
 Per step and row:
   1. Verify the RA: the main block and each candidate accept their longest prefix of drafts
      equal to the argmax before them, capped at the RA's `ra_len` (only RA tokens are ever
      committed). The longest wins (main on ties); its drafts and the next argmax are emitted
      and its chunk rows committed (`PendingCommit(src=...)`).
-  2. Recycle: the main block's rejected tail (n stream tokens from its first rejected draft,
-     the last one repeated past the stream) enters a per-row FIFO ring of n-grams keyed by
-     their first token, unless already there or shorter than 2 tokens. Newest match first.
+  2. Recycle (`recycling.RULES`), into a per-row FIFO ring: "released" (the default), after a
+     step in which the RA rejected a draft, adds the new stream (the last n emitted tokens,
+     then every draft; `stream_entries`) and the RA's fresh drafts; "rejected_drafts" adds
+     the main block's rejected tail (n stream tokens from its first rejected draft, the last
+     one repeated past the stream) unless already there or shorter than 2 tokens.
   3. Pseudo blocks keep a frozen pseudo-accepted prefix (`pacc`) that grows while its next
      token equals the argmax of the slot before it; their other tokens are Jacobi-updated.
   4. Promote: once the whole RA block is decided, the next block becomes the RA: its first
@@ -45,6 +48,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax import masks
+from paraflax.decoding import recycling
 from paraflax.decoding import state as st
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
@@ -60,7 +64,7 @@ class MRState:
   ra_len: jax.Array = axes("batch")  # [B] RA drafts left (always n-1 with K = 1)
   blocks: jax.Array = axes("batch")  # [B] pseudo-active blocks in flight, 0..K-1
   pacc: jax.Array = axes("batch", None)  # [B, K-1] pseudo-accepted prefix per pseudo block
-  pool: jax.Array = axes("batch", None, None)  # [B, P, n] recycled n-grams, -1 = empty
+  pool: jax.Array = axes("batch", None, None)  # [B, P, E] recycled entries, -1 = empty / past end
   ptr: jax.Array = axes("batch")  # [B] ring write pointer (insertions so far)
   wins: jax.Array = axes("batch")  # [B] steps won by a pool candidate
   promotions: jax.Array = axes("batch")  # [B] pseudo-active blocks promoted to real-active
@@ -69,27 +73,6 @@ class MRState:
 def prefix_len(x: jax.Array) -> jax.Array:
   """Number of leading True entries along the last axis."""
   return jnp.sum(jnp.cumprod(x.astype(jnp.int32), -1), -1)
-
-
-def pool_insert(pool_BxPxN, ptr_B, entry_BxN, ok_B):
-  """FIFO ring insert, like a deque(maxlen=P): where ok[b] and no identical entry exists,
-  write entry[b] over row b's oldest slot. Returns (pool, ptr)."""
-  b, p, _ = pool_BxPxN.shape
-  ok = ok_B & ~jnp.any(jnp.all(pool_BxPxN == entry_BxN[:, None], -1), -1)
-  slot = jnp.where(ok, ptr_B % p, p)  # p: out of range, dropped
-  return pool_BxPxN.at[jnp.arange(b), slot].set(entry_BxN, mode="drop"), ptr_B + ok
-
-
-def pool_lookup(pool_BxPxN, ptr_B, key_B, c: int):
-  """Up to C entries whose first token is key, newest first: (cands [B, C, n], valid [B, C]).
-  Invalid candidates are the key repeated (any real tokens would do: they are ignored)."""
-  p = pool_BxPxN.shape[1]
-  age = (ptr_B[:, None] - 1 - jnp.arange(p)) % p  # 0 = newest
-  score = jnp.where(pool_BxPxN[:, :, 0] == key_B[:, None], p - age, 0)  # [B, P]
-  top, idx = jax.lax.top_k(score, c)
-  cands = jnp.take_along_axis(pool_BxPxN, idx[:, :, None], 1)
-  valid = top > 0
-  return jnp.where(valid[..., None], cands, key_B[:, None, None]), valid
 
 
 def spawn(m: MRState, pend_B, n: int, k: int, s: int) -> MRState:
@@ -151,6 +134,21 @@ def advance(m: MRState, g_main_BxT, g_win_BxN, n_win_B, nxt_B, active_B, n: int,
   return spawn(m, nxt_B, n, k, s)
 
 
+def stream_entries(m: MRState, tokens_BxN, lengths_B, n: int):
+  """The "released" rule's two pool entries after a step, each [B, (K+1)*n - 1], -1 past its
+  end: the last n emitted tokens (the pending one last; fewer at the start) and every
+  in-flight draft, then the RA's fresh drafts."""
+  w = m.drafts.shape[1]
+  j = jnp.arange(w + n)[None]
+  a = jnp.minimum(n - 1, lengths_B - 1)[:, None]  # emitted tokens before the pending one
+  emitted = jnp.take_along_axis(tokens_BxN, jnp.maximum(lengths_B[:, None] - 1 - a + j, 0), 1)
+  drafts = jnp.take_along_axis(m.drafts, jnp.clip(j - a - 1, 0, w - 1), 1)
+  end = a + 1 + m.ra_len[:, None] + n * m.blocks[:, None]
+  stream = jnp.where(j < end, jnp.where(j <= a, emitted, drafts), -1)
+  fresh = jnp.where(j < m.ra_len[:, None], jnp.pad(m.drafts, ((0, 0), (0, n))), -1)
+  return stream, fresh
+
+
 @struct.dataclass
 class JacobiMRState(st.DecodeState):
   mr: MRState = subtree()  # the main stream and the n-gram pool
@@ -172,8 +170,10 @@ class JacobiMR(Decoder):
   num_blocks: blocks in flight (K); > 1 adds pseudo-active blocks after the real-active one.
   spawn_threshold: r in (0, 1]; a block is spawned once the last one has ceil(r * n) decided
     (or pseudo-accepted) tokens.
-  pool_size: recycled n-grams kept per row (0: no rejection recycling).
-  num_candidates: pool n-grams verified per step next to the main block (C <= pool_size).
+  pool_size: recycled entries kept per row (0: no rejection recycling).
+  num_candidates: pool candidates verified per step next to the main block (C <= pool_size).
+  recycling: the pool's rule (`recycling.RULES`): "released" (the default: the released
+    code's stream entries, matched anywhere) or "rejected_drafts" (the paper's prose).
   """
   block_size: int = struct.field(pytree_node=False, default=16)
   num_blocks: int = struct.field(pytree_node=False, default=1)
@@ -181,6 +181,7 @@ class JacobiMR(Decoder):
   pool_size: int = struct.field(pytree_node=False, default=0)
   num_candidates: int = struct.field(pytree_node=False, default=0)
   sampler: object = struct.field(default_factory=Greedy)
+  recycling: str = struct.field(pytree_node=False, default="released")
   State = JacobiMRState
 
   @property
@@ -193,6 +194,13 @@ class JacobiMR(Decoder):
     """ceil(r * n) decided tokens before a new block is spawned (rounded first, so that
     0.7 * 10 is 7, not 8)."""
     return math.ceil(round(self.spawn_threshold * self.block_size, 6))
+
+  @property
+  def pool_shape(self) -> tuple[int, int]:
+    """(P, E): entries per row and tokens per entry ("released": n - 1 emitted tokens and
+    the K*n stream; "rejected_drafts": n)."""
+    n = self.block_size
+    return self.pool_size, ((self.num_blocks + 1) * n - 1 if self.recycling == "released" else n)
 
   @property
   def lookahead(self) -> int:
@@ -212,6 +220,8 @@ class JacobiMR(Decoder):
       raise ValueError(f"JacobiMR needs pool_size >= 0, got {p!r}")
     if not is_int(c) or not 0 <= c <= p:
       raise ValueError(f"JacobiMR needs 0 <= num_candidates <= pool_size ({p}), got {c!r}")
+    if self.recycling not in recycling.RULES:
+      raise ValueError(f"JacobiMR needs recycling in {recycling.RULES}, got {self.recycling!r}")
     if p > 0 and c == 0:
       raise ValueError(f"JacobiMR with pool_size={p} needs num_candidates >= 1 to read the pool")
     if (k > 1 or c > 0) and n < 2:
@@ -227,27 +237,28 @@ class JacobiMR(Decoder):
                      capacity=self.cache_capacity(prompts.shape[1], max_new_tokens),
                      chunk=self.chunk_size, keep=n, sampler=self.sampler, rng=rng,
                      eos_id=eos_id, cls=JacobiMRState,
-                     mr=new_stream(pend, n, k, self.pool_size, self.spawn_at))
-    return state.replace(mr=new_stream(state.tokens[:, 0], n, k, self.pool_size, self.spawn_at))
+                     mr=new_stream(pend, n, k, self.pool_shape, self.spawn_at))
+    return state.replace(mr=new_stream(state.tokens[:, 0], n, k, self.pool_shape, self.spawn_at))
 
   def step(self, fwd, draft, state: JacobiMRState) -> JacobiMRState:
     del draft
     return mr_step(fwd, state, self.block_size, self.num_blocks, self.num_candidates,
-                   self.spawn_at)
+                   self.spawn_at, self.recycling)
 
 
-def new_stream(pend_B, n: int, k: int, pool_size: int, s: int) -> MRState:
-  """A fresh RA guessing the pending token repeated, an empty pool."""
+def new_stream(pend_B, n: int, k: int, pool_shape: tuple[int, int], s: int) -> MRState:
+  """A fresh RA guessing the pending token repeated, an empty pool [B, P, E]."""
   b = pend_B.shape[0]
   zeros = jnp.zeros((b,), jnp.int32)
   m = MRState(drafts=jnp.repeat(pend_B[:, None], k * n - 1, 1), ra_len=zeros + n - 1,
               blocks=zeros, pacc=jnp.zeros((b, k - 1), jnp.int32),
-              pool=jnp.full((b, pool_size, n), -1, jnp.int32), ptr=zeros, wins=zeros,
+              pool=jnp.full((b, *pool_shape), -1, jnp.int32), ptr=zeros, wins=zeros,
               promotions=zeros)
   return spawn(m, pend_B, n, k, s)
 
 
-def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int) -> JacobiMRState:
+def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int,
+            rule: str) -> JacobiMRState:
   """One forward over [main stream | candidates]; see the module docstring."""
   m: MRState = state.mr
   b, w = m.drafts.shape
@@ -260,7 +271,7 @@ def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int) -> Jacobi
   main = jnp.concatenate([pend[:, None], m.drafts], 1)  # [B, K*n]
   tokens, pos = main, p0 + jnp.arange(tm)
   if c:
-    cands, valid = pool_lookup(m.pool, m.ptr, pend, c)  # [B, C, n]
+    cands, valid = recycling.lookup(m.pool, m.ptr, main[:, :n], c, rule)  # [B, C, n]
     tokens = jnp.concatenate([main, cands.reshape(b, c * n)], 1)
     pos = jnp.concatenate([pos, jnp.tile(p0 + jnp.arange(n), (1, c))], 1)
   mask = masks.decode_candidates(cache.lengths, cache.slots, tm, n, c)
@@ -282,12 +293,19 @@ def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int) -> Jacobi
   pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_win + 1, 0))
   state = state.replace(cache=cache, pending=pending, forwards=state.forwards + active)
   state, _ = st.emit(state, new, n_win + 1)
-  if c:  # recycle the main block's rejected tail
+  if c and rule == "rejected_drafts":  # the main block's rejected tail
     n_main, end = n_acc[:, 0], m.ra_len + m.blocks * n  # end: drafts in the stream
     tail = jnp.take_along_axis(
         m.drafts, jnp.minimum(n_main[:, None] + jnp.arange(n), end[:, None] - 1), 1)
     ok = active & (n_main < m.ra_len) & (end - n_main >= 2)
-    pool, ptr = pool_insert(m.pool, m.ptr, tail, ok)
-    m = m.replace(pool=pool, ptr=ptr, wins=m.wins + (active & (win > 0)))
+    pool, ptr = recycling.insert(m.pool, m.ptr, tail, ok, dedup=True)
+    m = m.replace(pool=pool, ptr=ptr)
+  rejected = active & (n_win < m.ra_len)  # the RA rejected a draft
   m = advance(m, g[:, :tm], g_win, n_win, nxt, active, n, k, s)
+  if c and rule == "released":  # after a rejection: the new stream, then the RA's fresh drafts
+    for entry in stream_entries(m, state.tokens, state.lengths, n):
+      pool, ptr = recycling.insert(m.pool, m.ptr, entry, rejected)
+      m = m.replace(pool=pool, ptr=ptr)
+  if c:
+    m = m.replace(wins=m.wins + (active & (win > 0)))
   return state.replace(step=state.step + 1, mr=m)

@@ -30,13 +30,21 @@ def sampler_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0):
   return sampling.Temperature(temperature)
 
 
+MR_SETTINGS = "K1 pool16 C3"  # the bench's MR: the best of README's sweep at 64 tokens/forward
+
+
+def mr_decoder(n: int = 16, sampler=None):
+  """The bench's Jacobi + MR decoder (`MR_SETTINGS`, the released recycling rule)."""
+  return decoders.JacobiMR(block_size=n, num_blocks=1, pool_size=16, num_candidates=3,
+                           sampler=sampler or sampling.Greedy())
+
+
 # `generate --decoder` name -> (decoder of (block size, sampler), default block size, needs a
 # draft model); the settings are the bench's
 DECODERS = {
     "ar": (lambda n, s: decoders.AR(s), None, False),
     "jacobi": (lambda n, s: decoders.Jacobi(block_size=n, sampler=s), 16, False),
-    "jacobi-mr": (lambda n, s: decoders.JacobiMR(block_size=n, num_blocks=2, pool_size=16,
-                                                 num_candidates=2, sampler=s), 16, False),
+    "jacobi-mr": (mr_decoder, 16, False),
     "tidar": (lambda n, s: decoders.TiDAR(block_size=n, beta=1.0, sampler=s), 8, False),
     "speculative": (lambda n, s: decoders.Speculative(n, sampler=s), 4, True),
     "deer": (lambda n, s: decoders.DEER(n, sampler=s), 8, True),
@@ -73,14 +81,15 @@ def bench_methods(others=None, drafters=None):
   maps "deer" (a DEER block-diffusion drafter) and "ar_drafter" (a small AR drafter) to draft
   models for the base: speculative rows at k = 4, 8, 16."""
   others, drafters = others or {}, drafters or {}
+  mr, mr_label = mr_decoder(), f"n16 {MR_SETTINGS}"
   methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
+             Method("jacobi_mr", mr, mr_label),
              Method("prompt_lookup", decoders.PromptLookup(max_ngram=3, num_tokens=8), "n<=3 k=8")]
   if "jf" in others:
     jf = others["jf"]
-    mr = decoders.JacobiMR(block_size=16, num_blocks=2, pool_size=16, num_candidates=2)
     methods += [Method("jacobi_forcing", decoders.Jacobi(block_size=16), "block 16",
                        model=jf, weights="jf"),
-                Method("jacobi_forcing_mr", mr, "n16 K2 pool16 C2", model=jf, weights="jf")]
+                Method("jacobi_forcing_mr", mr, mr_label, model=jf, weights="jf")]
   if "tidar" in others:
     methods += [Method(f"tidar_k{k}", decoders.TiDAR(block_size=k, beta=1.0), f"block {k} beta 1",
                        model=others["tidar"], weights="tidar") for k in (4, 8, 16)]

@@ -1,0 +1,61 @@
+"""Rejection recycling's n-gram pool (Jacobi Forcing's MR): a per-row FIFO ring of token
+sequences from past Jacobi iterations, and the lookup that turns them into candidate blocks
+for the pending token. Two rules (`RULES`):
+
+* "released", as the released Jacobi Forcing code does it: after a step in which the
+  real-active block rejected a draft, two entries of (K+1)*n - 1 tokens enter the ring (a
+  `deque(maxlen=P)`): the last n emitted tokens and the in-flight drafts
+  (`jacobi_mr.stream_entries`), then the RA's fresh drafts. The lookup skips the newest
+  entry; in every other, the candidate is the suffix from the *first occurrence of the
+  pending token anywhere* in it, padded with the main block.
+* "rejected_drafts", the paper's prose: the main block's rejected drafts (n tokens), kept
+  once; an entry is a candidate only when its *first* token is the pending token.
+
+Entries are -1 past their end (and empty slots all -1): -1 never equals a token.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+RULES = ("released", "rejected_drafts")
+
+
+def insert(pool_BxPxE, ptr_B, entry_BxE, ok_B, dedup: bool = False):
+  """FIFO ring insert, like a deque(maxlen=P): where ok[b] (and, with `dedup`, no identical
+  entry is already there) write entry[b] over row b's oldest slot. Returns (pool, ptr)."""
+  b, p, _ = pool_BxPxE.shape
+  if dedup:
+    ok_B = ok_B & ~jnp.any(jnp.all(pool_BxPxE == entry_BxE[:, None], -1), -1)
+  slot = jnp.where(ok_B, ptr_B % p, p)  # p: out of range, dropped
+  return pool_BxPxE.at[jnp.arange(b), slot].set(entry_BxE, mode="drop"), ptr_B + ok_B
+
+
+def lookup(pool_BxPxE, ptr_B, main_BxN, c: int, rule: str):
+  """Up to C candidate blocks for the main block [pending, drafts], newest entry first:
+  (cands [B, C, n], valid [B, C]).
+
+  A valid candidate's slot 0 is the pending token, found in the entry (`any`, never an
+  argmax that would read 0 on no match); slot i is the entry's token i places later, or the
+  main block's slot i past the entry's end. A copy of the main block is no candidate (it
+  cannot win); invalid candidates repeat the pending token.
+  """
+  b, p, e = pool_BxPxE.shape
+  n = main_BxN.shape[1]
+  key = main_BxN[:, 0]
+  hit = pool_BxPxE == key[:, None, None]  # [B, P, E]
+  age = (ptr_B[:, None] - 1 - jnp.arange(p)) % p  # [B, P], 0 = newest
+  if rule == "released":
+    found = jnp.any(hit, -1) & (age > 0)  # the newest entry (the RA's fresh drafts) is skipped
+  else:
+    found = hit[..., 0]
+  start = jnp.argmax(hit, -1)  # the first occurrence; meaningful only where found
+  idx = start[..., None] + jnp.arange(n)  # [B, P, n]
+  tok = jnp.take_along_axis(pool_BxPxE, jnp.minimum(idx, e - 1), -1)
+  tok = jnp.where((idx < e) & (tok >= 0), tok, main_BxN[:, None])
+  found &= jnp.any(tok != main_BxN[:, None], -1)
+  top, pick = jax.lax.top_k(jnp.where(found, p - age, 0), c)  # newest first
+  cands = jnp.take_along_axis(tok, pick[..., None], 1)
+  valid = top > 0
+  return jnp.where(valid[..., None], cands, key[:, None, None]), valid

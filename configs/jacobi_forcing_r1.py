@@ -4,7 +4,10 @@
         --out ~/.cache/paraflax/jf/r1_trajectories --block-size 16 --num-blocks 4 --examples 2048
     paraflax train --config configs/jacobi_forcing_r1.py --workdir runs/jf_r1
 
-Round 2 (`configs/jacobi_forcing_r2.py`) collects block-32 trajectories from this model.
+Noise window 16 as in the paper (section 4.1, block 16): Eq. 7's levels 0, 1/16, ..., 15/16, so
+one block in 16 is its own fixed point and the noisiest are as unconverged (~15/16) as the
+blocks Jacobi decoding meets. Round 2 (`configs/jacobi_forcing_r2.py`) collects block-32
+trajectories from this model.
 """
 
 import dataclasses
@@ -22,7 +25,7 @@ def get_config() -> TrainConfig:
       # 2's 2 blocks of 32 give the same); a store of other rows is refused
       data=dataclasses.replace(base.data, seq_len=224),
       data_source="trajectories",  # the store made by the command above
-      data_source_args={"path": "~/.cache/paraflax/jf/r1_trajectories", "noise_window": 4},
+      data_source_args={"path": "~/.cache/paraflax/jf/r1_trajectories", "noise_window": 16},
       objective="jacobi_forcing",
       objective_args={"ar_weight": 10.0, "temperature": 1.0},
       optim=OptimConfig(peak_lr=5e-4, warmup_steps=20, end_lr_fraction=0.1, weight_decay=0.1),

@@ -3,8 +3,9 @@
     python scripts/jf_tradeoff.py --base checkpoints/tiny_ar runs/jf_a runs/jf_b ... --out jf.png
 
 Per run: greedy Jacobi (block 16) and the bench's MR (`methods.mr_decoder`) tokens/forward on
-HumanEval prompts (exact vs the run's own greedy AR checked), held-out stdlib loss, and the
-greedy completion of the first prompt, so a collapsed model is visible next to its speed.
+HumanEval prompts (exact vs the run's own greedy AR checked), held-out stdlib loss, the distinct
+4-gram ratio of the greedy completions (the bench's: every prompt x 64 tokens) and the first
+one's text, so a model collapsed into repetition is visible, as a number, next to its speed.
 """
 
 import argparse
@@ -24,6 +25,12 @@ from paraflax.evaluation.methods import MR_SETTINGS, mr_decoder  # noqa: E402
 from paraflax.evaluation.quality import heldout_batches, heldout_loss  # noqa: E402
 from paraflax.training import load_trained  # noqa: E402
 from paraflax.decoding.generate import generate  # noqa: E402
+
+
+def distinct_ngrams(rows, n: int = 4) -> float:
+  """Distinct n-grams / all n-grams, pooled over token rows (none spans two rows)."""
+  grams = [tuple(r[i:i + n]) for r in rows for i in range(len(r) - n + 1)]
+  return len(set(grams)) / len(grams)
 
 
 def main():
@@ -51,13 +58,14 @@ def main():
     model = load_trained(wd)[0]
     rows = run_bench(base, prompts, [Method("jacobi", decoders.Jacobi(16), model=model, weights=wd),
                                      Method("mr", mr, model=model, weights=wd)])
-    text = generate(model, prompts[:1], max_new_tokens=32, eos_id=tok.eos_id)
-    text = jax.device_get(text)
+    out = jax.device_get(generate(model, prompts, max_new_tokens=64, eos_id=None))  # as bench
+    rows_text = [t[:n].tolist() for t, n in zip(out.tokens, out.lengths)]
     r = {"run": wd, "mr_settings": MR_SETTINGS, "heldout_loss": heldout_loss(model, val),
          "jacobi_tokens_per_forward": rows[1].tokens_per_forward,
          "mr_tokens_per_forward": rows[2].tokens_per_forward,
          "exact": min(rows[1].exact_match_vs_ar, rows[2].exact_match_vs_ar),
-         "greedy_text": tok.decode(text.tokens[0, :text.lengths[0]].tolist())}
+         "distinct_4grams": distinct_ngrams(rows_text),
+         "greedy_text": tok.decode(rows_text[0])}
     print(json.dumps(r), flush=True)
     with open(args.results, "a") as f:
       f.write(json.dumps(r) + "\n")
@@ -68,7 +76,8 @@ def main():
             "-", color="0.7")
     ax.plot(r["heldout_loss"], r["jacobi_tokens_per_forward"], "o", color="C0")
     ax.plot(r["heldout_loss"], r["mr_tokens_per_forward"], "s", color="C1")
-    ax.annotate(Path(r["run"]).name, (r["heldout_loss"], r["mr_tokens_per_forward"]),
+    ax.annotate(f"{Path(r['run']).name} (4-grams {r['distinct_4grams']:.2f})",
+                (r["heldout_loss"], r["mr_tokens_per_forward"]),
                 fontsize=7, xytext=(3, 3), textcoords="offset points")
   ax.plot([], [], "o", color="C0", label="Jacobi, block 16")
   ax.plot([], [], "s", color="C1", label=f"MR, n16 {MR_SETTINGS}")

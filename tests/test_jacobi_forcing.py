@@ -26,6 +26,19 @@ def test_pick_noisy_takes_the_state_nearest_the_target_fraction():
   assert jf.pick_noisy(traj, fixed, 0.0).tolist() == [1, 2, 3, 4]
 
 
+def test_suffix_noise_counts_every_token_after_the_first_divergence():
+  fixed = np.array([1, 2, 3, 4])
+  traj = np.array([[9, 9, 9, 9], [1, 9, 3, 4], [1, 2, 3, 4]])  # unconverged 1, .25, 0
+  assert jf.pick_noisy(traj, fixed, 0.25).tolist() == [1, 9, 3, 4]
+  assert jf.pick_noisy(traj, fixed, 0.25, "suffix").tolist() == [1, 2, 3, 4]  # .75 is far
+  assert jf.pick_noisy(traj, fixed, 0.75, "suffix").tolist() == [1, 9, 3, 4]
+  # the suffix grid holds fully noisy blocks and no fixed point; the paper's the reverse
+  np.testing.assert_allclose(jf.noise_levels(6, 4, 1), [.25, .5, .75, 0, .25, .5])
+  np.testing.assert_allclose(jf.noise_levels(6, 4, 1, "suffix"), [.5, .75, 1, .25, .5, .75])
+  with pytest.raises(ValueError, match="noise_measure must be one of"):
+    jf.TrajectoryData("s", noise_measure="first")
+
+
 def test_packing_interleaves_blocks_and_pairs_share_positions():
   p = jf.pack(np.array([7, 8]), np.array([[1, 9], [3, 9]]), np.array([[1, 2], [3, 4]]))
   assert p.tokens.tolist() == [7, 8, 1, 9, 1, 2, 3, 9, 3, 4]

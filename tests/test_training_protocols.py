@@ -49,7 +49,8 @@ def test_configs_name_their_source_and_schema_1_dicts_migrate(micro):
   jf = load_config(ROOT / "configs" / "jacobi_forcing_r2.py")
   assert (jf.objective, jf.data_source) == ("jacobi_forcing", "trajectories")
   assert dict(jf.data_source_args) == {"path": "~/.cache/paraflax/jf/r2_trajectories",
-                                       "noise_window": 2, "val_fraction": 0.05}  # defaults in
+                                       "noise_window": 8, "noise_measure": "unconverged",
+                                       "val_fraction": 0.05}  # defaults in
   old = {k: v for k, v in jf.to_dict().items() if k not in ("schema", "data_source",
                                                            "data_source_args")}
   assert TrainConfig.from_dict({**old, "trajectories": dict(jf.data_source_args),

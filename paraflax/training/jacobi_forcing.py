@@ -29,10 +29,21 @@ def noise_schedule(num_blocks: int, window: int) -> np.ndarray:
   return (np.arange(num_blocks) % window) / window
 
 
-def pick_noisy(trajectory_TxN: np.ndarray, fixed_point_N: np.ndarray, t: float) -> np.ndarray:
-  """The trajectory state whose fraction of unconverged tokens is nearest t (first on ties)."""
-  unconverged = np.mean(trajectory_TxN != fixed_point_N[None], axis=1)  # [T]
-  return trajectory_TxN[int(np.argmin(np.abs(unconverged - t)))]
+NOISE_MEASURES = ("unconverged", "suffix")
+
+
+def pick_noisy(trajectory_TxN: np.ndarray, fixed_point_N: np.ndarray, t: float,
+               measure: str = "unconverged") -> np.ndarray:
+  """The trajectory state whose noise is nearest t (first on ties). Noise: the fraction of
+  unconverged tokens ("unconverged", the paper's), or of the tokens from the first unconverged
+  one on, (n - first divergence) / n ("suffix", the released data scripts')."""
+  differs_TxN = trajectory_TxN != fixed_point_N[None]
+  n = differs_TxN.shape[1]
+  if measure == "suffix":
+    noise = np.where(differs_TxN.any(1), n - differs_TxN.argmax(1), 0) / n  # [T]
+  else:
+    noise = differs_TxN.mean(1)  # [T]
+  return trajectory_TxN[int(np.argmin(np.abs(noise - t)))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,18 +123,25 @@ class TrajectoryData:
   collect-trajectories`), tokenized by the store's model's tokenizer.
 
   `noise_window` is Eq. 7's w. Each row draws a random phase o and gives block i the noise
-  level W[(i + o) mod w], so every block index sees every level (Eq. 7 fixes o = 0). The last
+  level W[(i + o) mod w], so every block index sees every level (Eq. 7 fixes o = 0).
+  `noise_measure` (`pick_noisy`): "unconverged" is the paper's, on W = {0, 1/w, ..., (w-1)/w};
+  "suffix" is the released data scripts' (n - first divergence) / n, on the grid shifted by
+  1/w, {1/w, ..., 1}: fully noisy blocks in, fixed points (no consistency signal) out. The last
   `val_fraction` of the store's examples are held out for validation. `data.seq_len` must be
   the store's packed row length (`row_length`).
   """
   fields: ClassVar[tuple[str, ...]] = FIELDS
   path: str
   noise_window: int = 4
+  noise_measure: str = "unconverged"
   val_fraction: float = 0.05
 
   def __post_init__(self):
     if self.noise_window < 1:
       raise ValueError(f"noise window must be >= 1, got {self.noise_window}")
+    if self.noise_measure not in NOISE_MEASURES:
+      raise ValueError(f"noise_measure must be one of {NOISE_MEASURES}, got "
+                       f"{self.noise_measure!r}")
     if not 0.0 < self.val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
 
@@ -152,10 +170,19 @@ def row_length(meta: dict) -> int:
   return meta["max_prompt_len"] + 2 * meta["num_blocks"] * meta["block_size"]
 
 
-def _row(data, length: int, window: int, i: int, rng: np.random.Generator) -> dict:
+def noise_levels(num_blocks: int, window: int, phase: int,
+                 measure: str = "unconverged") -> np.ndarray:
+  """Target noise of each block of a row [num_blocks]: W[(i + phase) mod w], on the grid of
+  `measure` (see `TrajectoryData`)."""
+  levels = noise_schedule(num_blocks + phase, window)[phase:]
+  return levels + 1 / window if measure == "suffix" else levels
+
+
+def _row(data, length: int, cfg: TrajectoryData, i: int, rng: np.random.Generator) -> dict:
   traj = data.trajectories[i]  # [N, n+1, n]
-  levels = noise_schedule(len(traj) + window, window)[rng.integers(window):][:len(traj)]
-  noisy = np.stack([pick_noisy(t, t[-1], lvl) for t, lvl in zip(traj, levels)])
+  m = cfg.noise_measure
+  levels = noise_levels(len(traj), cfg.noise_window, int(rng.integers(cfg.noise_window)), m)
+  noisy = np.stack([pick_noisy(t, t[-1], lvl, m) for t, lvl in zip(traj, levels)])
   return example(data.prompts[i, :data.prompt_lens[i]], noisy, traj[:, -1], length)
 
 
@@ -175,12 +202,12 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
     raise ValueError(f"trajectory store {cfg.path!r} has {total} examples: too few for a "
                      f"batch of {batch_size} in both splits (val_fraction={cfg.val_fraction})")
   length = row_length(data.meta)
-  make = lambda i, rng: _row(data, length, cfg.noise_window, int(i), rng)
+  make = lambda i, rng: _row(data, length, cfg, int(i), rng)
   train = (grain.MapDataset.range(total - n_val).shuffle(seed=seed).repeat(None)
            .random_map(make, seed=seed).batch(batch_size, drop_remainder=True))
   it = iter(train.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
   rng = np.random.default_rng(seed)
-  val = [_row(data, length, cfg.noise_window, i, rng) for i in range(total - n_val, total)]
+  val = [_row(data, length, cfg, i, rng) for i in range(total - n_val, total)]
   val = [_stack(val[j:j + batch_size]) for j in range(0, n_val - batch_size + 1, batch_size)]
   return it, val, data.meta
 

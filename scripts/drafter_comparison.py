@@ -4,13 +4,14 @@
       [--drafter NAME WORKDIR CONFIGS ...] [--json FILE]
 
 Per drafter: its supervised target tokens, the positions that carry a loss over all its
-training stages (CONFIGS: comma-separated configs/ names), replayed exactly from the teacher
-store's batches and the trainer's keys (`training.deer.supervised_targets`); then on the
-bench's prompts (8 HumanEval prompts x 64 greedy tokens, batch 4, verifier checkpoints/tiny_ar)
-at k = 4 / 8 / 16: drafts accepted per block (mean), first-draft accuracy (the share of blocks
-whose first draft is the verifier's greedy token, i.e. that accept at least one; a row's last
-block, cut by the 64-token budget, can count as a miss), tokens per target forward (prefill
-included), tokens/s against greedy AR in the same run (best of 3 runs each), and the share of rows equal to greedy AR.
+training stages (CONFIGS: comma-separated configs/ names, "" for none), replayed exactly from
+the teacher store's batches and the trainer's keys (`training.deer.supervised_targets`); then
+on the bench's prompts (8 HumanEval prompts x 64 greedy tokens, batch 4, verifier
+checkpoints/tiny_ar) at k = 4 / 8 / 16: drafts accepted per block (mean), first-draft accuracy
+(the share of blocks whose first draft is the verifier's greedy token, i.e. that accept at
+least one; a row's last block, cut by the 64-token budget, can count as a miss), tokens per
+target forward (prefill included), tokens/s against greedy AR (the best of 5 interleaved runs
+each) and the share of rows equal to greedy AR.
 """
 
 import argparse
@@ -34,7 +35,7 @@ DRAFTERS = [  # (name, workdir, the configs of its training stages)
     ("AR drafter", "checkpoints/ar_drafter", "ar_drafter"),
 ]
 KS = (4, 8, 16)
-REPEATS = 3
+ROUNDS = 5
 
 
 def targets(configs: str, teacher: str) -> int:
@@ -60,14 +61,15 @@ def main():
   for name, workdir, configs in args.drafter or DRAFTERS:
     draft = load_drafter(str(REPO / workdir), None, tok)
     kind = decoders.Speculative if draft.cfg.mask_token_id is None else decoders.DEER
-    count = targets(configs, args.teacher) if args.teacher else None
-    # each method REPEATS times, the best tokens/s kept: the cores are shared with other jobs
-    methods = [Method("ar", decoders.AR(), "greedy")] * REPEATS + [
-        Method(f"k{k}", kind(k), draft_model=draft) for k in KS for _ in range(REPEATS)]
-    bench = run_bench(model, prompts, methods, eos_id=tok.eos_ids)
-    ar_tps = max(r.tokens_per_second for r in bench[:REPEATS])
+    count = targets(configs, args.teacher) if args.teacher and configs else None
+    # ROUNDS interleaved rounds of AR and every k, the best tokens/s of each kept: the cores
+    # are shared with other jobs, whose load comes and goes
+    one = [Method("ar", decoders.AR(), "greedy")] + [
+        Method(f"k{k}", kind(k), draft_model=draft) for k in KS]
+    bench = run_bench(model, prompts, one * ROUNDS, eos_id=tok.eos_ids)
+    ar_tps = max(r.tokens_per_second for r in bench[::len(one)])
     for i, k in enumerate(KS):
-      runs = bench[REPEATS * (i + 1):REPEATS * (i + 2)]
+      runs = bench[i + 1::len(one)]
       r, steps = runs[0], np.asarray(runs[0].accepted_histogram)
       rows.append({"drafter": name, "prefix": draft.cfg.drafter_prefix, "targets": count,
                    "k": k, "accepted": r.mean_accepted,

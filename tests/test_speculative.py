@@ -305,6 +305,10 @@ def test_deer_bad_drafters_are_clear_errors(small_target):
                 draft_model=micro_model(seed=3, d_model=16, n_layers=1, **DEER_IDS))
   with pytest.raises(ValueError, match="block_size >= 1"):
     pf.decoders.DEER(0).validate(small_target.cfg, small_target.cfg)
+  with pytest.raises(ValueError, match="drafter_prefix='bidirectional' is a DEER drafter's"):
+    pf.ModelConfig(**{**MICRO, "drafter_prefix": "bidirectional"})  # no <mask> / <sep>
+  with pytest.raises(ValueError, match="drafter_prefix must be 'causal' or 'bidirectional'"):
+    pf.ModelConfig(**{**MICRO, **DEER_IDS, "drafter_prefix": "both"})
 
 
 @pytest.mark.fast

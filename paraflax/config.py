@@ -85,6 +85,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   mask_token_id: int | None = None  # required by diffusion-mode models (TiDAR, DEER drafter)
   sep_token_id: int | None = None  # DEER drafter: marks where the prefix ends and the block starts
+  # DEER drafter: how its prefix attends, "causal" (cached while decoding) or "bidirectional"
+  # (re-encoded at every draft); training and decoding both read it (`deer_layout.mask`)
+  drafter_prefix: str = "causal"
   two_stream: bool = False  # AS-ARM query stream (ASSD)
   remat: str = "auto"  # one of REMAT: per-layer rematerialisation in training
   scan_layers: bool | str = "auto"  # True | False | "auto": the layers as a lax.scan
@@ -128,6 +131,12 @@ class ModelConfig:
                                         or self.loss_chunk < 1):
       raise ValueError(f"ModelConfig.loss_chunk must be an int >= 1 or None (auto), "
                        f"got {self.loss_chunk!r}")
+    if self.drafter_prefix not in ("causal", "bidirectional"):
+      raise ValueError(f"ModelConfig.drafter_prefix must be 'causal' or 'bidirectional', got "
+                       f"{self.drafter_prefix!r}")
+    if self.drafter_prefix == "bidirectional" and None in (self.mask_token_id, self.sep_token_id):
+      raise ValueError("drafter_prefix='bidirectional' is a DEER drafter's setting: it needs "
+                       "mask_token_id and sep_token_id")
     for name in ("mask_token_id", "sep_token_id"):
       value = getattr(self, name)
       if value is not None and not 0 <= value < self.vocab_size:

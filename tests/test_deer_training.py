@@ -241,6 +241,30 @@ def test_training_block_logits_equal_a_decoding_forward_over_the_cache(drafter, 
     np.testing.assert_allclose(decode[:, 2:], train[:, blk, 1:], atol=1e-5)
 
 
+@pytest.mark.fast
+def test_bidirectional_training_block_logits_equal_a_cache_free_decoding_forward(drafter, k=3):
+  """The same contract for a drafter_prefix "bidirectional" drafter: Stage II's rows (one per
+  block) give each block the logits of the decoder's cache-free drafting forward over the
+  whole context (`deer_layout.draft_inputs` without a cache), and none of the causal layout's."""
+  both = compiled_micro_model(seed=1, mask_token_id=MASK, sep_token_id=SEP,
+                              drafter_prefix="bidirectional")
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(4, 48, (2, 11)), jnp.int32)
+  batch = {"tokens": tokens, "prompt_lens": jnp.array([3, 5]), "lengths": jnp.array([9, 11])}
+  cuts = jnp.array([[5, 3], [7, 6]])
+  rows = deer.stage2_rows(batch, cuts, jnp.full((2, 2), k), k, MASK, SEP, 1.01, True)
+  train = jax.jit(lambda r: deer.forward(both, r))(rows)[:, 11:].reshape(2, 2, k + 1, -1)
+  for blk in range(2):
+    prefix = cuts[:, blk]
+    chunk, positions, mask = deer_layout.draft_inputs(
+        tokens, jnp.broadcast_to(jnp.arange(11), (2, 11)), jnp.arange(11)[None] < prefix[:, None],
+        prefix, k, MASK, SEP)
+    decode = jax.jit(both)(chunk, positions, mask)[0]
+    np.testing.assert_allclose(decode[:, 12:], train[:, blk, 1:], atol=1e-5)
+  causal = jax.jit(lambda r: deer.forward(drafter, r))(rows)[:, 11:].reshape(2, 2, k + 1, -1)
+  assert float(jnp.abs(causal - train)[:, :, 1:].max()) > 1e-3  # the same weights, read causally
+
+
 # ---- objectives ----
 
 @pytest.mark.fast
@@ -258,6 +282,20 @@ def test_objectives_refuse_a_drafter_without_mask_or_sep_and_non_teacher_batches
   for bad in ({"max_masked": 0}, {"blocks": 0}):
     with pytest.raises(ValueError, match="max_masked >= 1 and blocks >= 1"):
       get_objective("deer_stage2", bad)(drafter, batch, jax.random.key(0))
+
+
+@pytest.mark.fast
+def test_target_counts_are_the_positions_each_objective_scores(model, drafter):
+  """`supervised_targets` sums, per step, what each loss scores: its accuracy's weight sum."""
+  rng = np.random.default_rng(7)
+  batch = {"tokens": jnp.asarray(rng.integers(4, 48, (3, 12)), jnp.int32),
+           "prompt_lens": jnp.array([2, 4, 3]), "lengths": jnp.array([12, 10, 12])}
+  for name, args, m in [("deer_stage1", {}, drafter), ("ar", {}, model),
+                        ("deer_stage2", {"max_masked": 4, "blocks": 3}, drafter)]:
+    counted = jax.jit(lambda k: get_objective(name, args).parts(m, batch, k)[1]["accuracy"].count)
+    for seed in range(2):
+      key = jax.random.key(seed)
+      assert int(deer.TARGETS[name](batch, key, **args)) == int(counted(key)), (name, seed)
 
 
 @pytest.mark.fast
@@ -284,6 +322,14 @@ def test_ar_objective_on_teacher_rows_counts_answer_tokens_only(model):
 
 # ---- configs and demo stages ----
 
+def _module(path):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _n_params(model_cfg):
   m = nnx.eval_shape(lambda: pf.Transformer(model_cfg, rngs=nnx.Rngs(0)))
   return sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
@@ -300,7 +346,15 @@ def test_drafter_configs():
   assert ar.model == dataclasses.replace(s1.model, mask_token_id=None, sep_token_id=None)
   assert ar.data_source == s1.data_source == s2.data_source == "teacher"
   assert ar.data_source_args == s1.data_source_args == s2.data_source_args and ar.data == s1.data
-  assert ar.steps == s1.steps + s2.steps
+  # equal supervision: the AR drafter's answer tokens are DEER's Stage I + II targets, to a step
+  ar_module = _module(CONFIGS / "ar_drafter.py")
+  per_step = ar.data.batch_size * ar_module.ANSWER_LEN
+  assert abs(ar.steps * per_step - ar_module.DEER_TARGETS) <= per_step / 2
+  b1, b2 = (load_config(CONFIGS / f"deer_drafter_bidirectional{n}.py") for n in ("_stage1", ""))
+  assert b1 == dataclasses.replace(s1, model=dataclasses.replace(
+      s1.model, drafter_prefix="bidirectional"))
+  assert b2 == dataclasses.replace(s2, model=b1.model, init_from="runs/deer_bidirectional_stage1",
+                                  objective_args={**dict(s2.objective_args), "blocks": 1})
   assert s1.model.vocab_size == base.vocab_size
   assert 0.2 < _n_params(s1.model) / _n_params(base) < 0.35
 
@@ -381,6 +435,10 @@ def test_trainer_runs_each_objective_on_a_teacher_store(runs):
     assert len(vals) == 2 and np.all(np.isfinite(vals)), (name, vals)
   logged = read_metrics(root / "stage2")[-2]
   assert {"accuracy", "first_accuracy", "loss"} <= set(logged)
+  cfg = lambda name: pf.training.TrainConfig.from_dict(json.loads((root / name / "config.json")
+                                                                   .read_text()))
+  assert deer.supervised_targets(cfg("ar")) == 4 * 4 * 12  # steps x rows x answer tokens
+  assert 4 * 4 <= deer.supervised_targets(cfg("stage1")) < 4 * 4 * 12
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 greedy = AR, the drafter's cache (rollback / re-feed), stochastic exactness, compile once,
 clear errors."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -215,34 +214,42 @@ def diffusion_drafter():
 
 def _diffusion_block(drafter, width):
   """The k argmax drafts of the drafter's block after `context`, by one full forward of
-  [context, <sep>, <mask> x k] (no cache): what an exact drafter cache must reproduce."""
+  [context, <sep>, <mask> x k] (no cache; the prefix causal or, for a drafter_prefix
+  "bidirectional" drafter, seen both ways): what an exact drafter cache must reproduce."""
   graphdef, params = nnx.split(drafter)
   cfg = drafter.cfg
 
   @jax.jit
-  def block(seq, c):
+  def block(seq, c, k):
     j = jnp.arange(width)
     kinds = jnp.where(j < c, masks.CLEAN, masks.MASKED)
-    logits, _ = nnx.merge(graphdef, params)(seq[None], j[None], masks.tidar(
-        kinds[None], (j >= c)[None].astype(jnp.int32)))
+    see = masks.tidar(kinds[None], (j >= c)[None].astype(jnp.int32), (j <= c + k)[None])
+    if cfg.drafter_prefix == "bidirectional":
+      see |= (j[:, None] < c) & (j[None, :] < c)
+    logits, _ = nnx.merge(graphdef, params)(seq[None], j[None], see)
     return jnp.argmax(logits[0], -1).astype(jnp.int32)
 
   def run(context, k):
     seq = np.full(width, cfg.mask_token_id, np.int32)
     seq[:len(context)] = context
     seq[len(context)] = cfg.sep_token_id
-    out = np.asarray(block(jnp.asarray(seq), jnp.int32(len(context))))
+    out = np.asarray(block(jnp.asarray(seq), jnp.int32(len(context)), jnp.int32(k)))
     return out[len(context) + 1:len(context) + 1 + k].tolist()
 
   return run
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("k, prefix", [(1, "causal"), (2, "causal"), (4, "causal"), (8, "causal"),
+                                       (4, "bidirectional")])
 def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
-    small_target, diffusion_drafter, k):
+    small_target, diffusion_drafter, k, prefix):
+  """Both drafter modes (`drafter_prefix`): a bidirectional one re-encodes the whole context."""
   prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
   dec = pf.decoders.DEER(k)
+  if prefix == "bidirectional":
+    diffusion_drafter = micro_model(seed=12, vocab_size=V_SMALL, d_model=16, n_layers=1,
+                                    drafter_prefix=prefix, **DEER_IDS)
   out = pf.generate(small_target, prompts, decoder=dec, max_new_tokens=N_NEW,
                     draft_model=diffusion_drafter)
   ar = pf.generate(small_target, prompts, max_new_tokens=N_NEW)
@@ -298,6 +305,10 @@ def test_deer_bad_drafters_are_clear_errors(small_target):
                 draft_model=micro_model(seed=3, d_model=16, n_layers=1, **DEER_IDS))
   with pytest.raises(ValueError, match="block_size >= 1"):
     pf.decoders.DEER(0).validate(small_target.cfg, small_target.cfg)
+  with pytest.raises(ValueError, match="drafter_prefix='bidirectional' is a DEER drafter's"):
+    pf.ModelConfig(**{**MICRO, "drafter_prefix": "bidirectional"})  # no <mask> / <sep>
+  with pytest.raises(ValueError, match="drafter_prefix must be 'causal' or 'bidirectional'"):
+    pf.ModelConfig(**{**MICRO, **DEER_IDS, "drafter_prefix": "both"})
 
 
 @pytest.mark.fast

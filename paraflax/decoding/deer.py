@@ -9,6 +9,10 @@ shared with the training objectives. Mask i's distribution q_i (the block margin
 prefix, warped by the sampler) drafts d_i. Only the u context tokens are committed, so the
 cache never holds a draft and needs no rollback. Verification stops at the first rejection
 (exact; the paper's pseudo-code re-queries the drafter and walks on, which is not).
+
+A drafter trained with a bidirectional prefix (`ModelConfig.drafter_prefix`, read here and by
+the objectives, so weights and decoding never disagree) has no cache: every draft call feeds
+the whole context (prompt, then the emitted tokens) and the block in one cache-free forward.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from paraflax.decoding.draft_verify import (check_drafter, drafter_ids, proposal
                                             shared_vocab, start_with_drafter, verify_drafts)
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
-from paraflax.sharding import subtree
+from paraflax.sharding import axes, subtree
 
 
 @struct.dataclass
 class DEERState(st.DecodeState):
-  draft_cache: KVCache = subtree()  # the drafter's cache: emitted context only
+  draft_cache: KVCache | None = subtree()  # the drafter's cache (causal prefix): context only
+  prompts: jax.Array | None = axes("batch", None, default=None)  # [B, P] (bidirectional prefix)
 
 
 @struct.dataclass
@@ -57,12 +62,38 @@ class DEER(Decoder):
     self.sampler.validate()
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
-    return start_with_drafter(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng,
-                              eos_id, DEERState, lambda dcache: {"draft_cache": dcache})
+    if draft.cfg.drafter_prefix == "causal":
+      return start_with_drafter(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng,
+                                eos_id, DEERState, lambda dcache: {"draft_cache": dcache})
+    k = self.block_size
+    return st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
+                    capacity=self.cache_capacity(prompts.shape[1], max_new_tokens), chunk=k + 1,
+                    keep=k + 1, sampler=self.sampler, rng=rng, eos_id=eos_id, cls=DEERState,
+                    draft_cache=None, prompts=drafter_ids(prompts, draft.cfg.vocab_size))
+
+  def _draft_bidirectional(self, draft, state: DEERState):
+    """Block logits `[B, k, Vd]` of one cache-free drafter forward over the whole context."""
+    k = self.block_size
+    (b, p), n = state.prompts.shape, state.tokens.shape[1]
+    generated = drafter_ids(jnp.maximum(state.tokens, 0), draft.cfg.vocab_size)
+    context = jnp.concatenate([state.prompts, generated], 1)  # [B, P+N]
+    positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(p), (b, p)),
+                                 state.prompt_lens[:, None] + jnp.arange(n)], 1)
+    valid = jnp.concatenate([jnp.arange(p)[None] < state.prompt_lens[:, None],
+                             jnp.arange(n)[None] < state.lengths[:, None]], 1)
+    tokens, positions, mask = deer_layout.draft_inputs(
+        context, positions, valid, state.prompt_lens + state.lengths, k,
+        draft.cfg.mask_token_id, draft.cfg.sep_token_id)
+    return draft(tokens, positions, mask)[0][:, -k:]
 
   def _draft(self, draft, state: DEERState, rng, rows: int):
     """One drafter forward. Returns (drafts [B, k], q [B, k, rows] or None (rows: the
-    verifier's vocabulary), drafter cache holding the whole context)."""
+    verifier's vocabulary), drafter cache holding the whole context, or None without one)."""
+    shared = shared_vocab(self, draft.cfg, rows)
+    if state.draft_cache is None:  # a bidirectional prefix
+      drafts, q = self.sampler.draft(
+          rng, proposal_logits(self._draft_bidirectional(draft, state), shared, rows))
+      return drafts, q, None
     k, u_max = self.block_size, self.block_size + 1
     b = state.lengths.shape[0]
     cache = state.draft_cache
@@ -77,7 +108,6 @@ class DEER(Decoder):
         fresh, cache.lengths[:, None] + jnp.arange(u_max), valid, end, k,
         draft.cfg.mask_token_id, draft.cfg.sep_token_id, cache.lengths, cache.slots)
     logits, kv = draft(tokens, positions, mask, cache)
-    shared = shared_vocab(self, draft.cfg, rows)
     drafts, q = self.sampler.draft(rng, proposal_logits(logits[:, u_max + 1:], shared, rows))
     kv = ChunkKV(k=kv.k[:, :, :u_max], v=kv.v[:, :, :u_max])  # context tokens only
     src = jnp.broadcast_to(jnp.arange(u_max), (b, u_max))

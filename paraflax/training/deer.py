@@ -84,10 +84,15 @@ def layout(tokens_BxW: jax.Array, lengths_B: jax.Array, prefix_B: jax.Array, sep
           "targets": source.astype(jnp.int32), "offset": offset}
 
 
+def bidirectional(model) -> bool:
+  """Whether `model` is a drafter whose prefix attends both ways (`ModelConfig.drafter_prefix`)."""
+  return model.cfg.drafter_prefix == "bidirectional"
+
+
 def forward(model, rows, hidden: bool = False) -> jax.Array:
   """Logits `[B, W+1, V]` of built rows under the drafter mask, or with `hidden` their final
   hidden states `[B, W+1, D]` (what `block_loss` takes: it computes the head in chunks)."""
-  mask = masks.tidar(rows["kinds"], rows["blocks"], rows["valid"])
+  mask = deer_layout.mask(rows["kinds"], rows["blocks"], rows["valid"], bidirectional(model))
   return model(rows["tokens"], rows["positions"], mask, hidden=hidden)[0]
 
 
@@ -159,7 +164,7 @@ def stage2_draws(rng, prompt_lens_B, lengths_B, max_masked: int, blocks: int = 1
 
 
 def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id: int,
-                alpha: float):
+                alpha: float, bidirectional: bool = False):
   """Built Stage II rows `[B, W + N (max_masked + 1)]`: the row's clean tokens (causal,
   positions 0..W-1), then N blocks [SEP, <mask> x R_b] (padded to max_masked + 1 slots with
   invalid ones) at positions c_b..c_b+R_b. Block b sees the clean tokens before its cut c_b
@@ -170,7 +175,18 @@ def stage2_rows(batch, prefix_BxN, r_BxN, max_masked: int, mask_id: int, sep_id:
 
   `weights` at y_i of block b: alpha^(R_b - i), normalised over the block's R_b slots (largest
   next to the prefix) and divided by N: each drafting situation weighs the same.
+
+  With `bidirectional` (a drafter_prefix "bidirectional" drafter) a prefix is encoded
+  differently after each cut, so the blocks cannot share the clean tokens: `[B N, W +
+  max_masked + 1]` rows instead, one block each, the clean tokens valid up to its cut (~5x the
+  slots of the shared layout at W = 224, N = 8); the weighted sum per row of the batch is the same.
   """
+  if bidirectional:
+    n = prefix_BxN.shape[1]
+    batch = {k: jnp.repeat(v, n, 0) for k, v in batch.items()}
+    prefix_BxN, r_BxN = prefix_BxN.reshape(-1, 1), r_BxN.reshape(-1, 1)
+    batch["lengths"] = prefix_BxN[:, 0]
+    return stage2_rows(batch, prefix_BxN, r_BxN, max_masked, mask_id, sep_id, alpha)
   tokens_BxW = batch["tokens"]
   b, w = tokens_BxW.shape
   n, s = prefix_BxN.shape[1], max_masked + 1
@@ -209,8 +225,44 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
     raise ValueError(f"deer_stage2 needs max_masked >= 1 and blocks >= 1, got {max_masked}, "
                      f"{blocks}")
   prefix, r = stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)
-  rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha)
+  rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha, bidirectional(model))
   return block_loss(model, forward(model, rows, hidden=True), rows, rows["weights"], rows["masked"])
+
+
+# ---- supervision ----
+
+def stage1_targets(batch, rng, eps: float = 1e-3) -> jax.Array:
+  """Positions carrying a loss in one `deer_stage1` step: the masked suffix slots."""
+  return stage1_draws(rng, batch["prompt_lens"], batch["lengths"], batch["tokens"].shape[1],
+                      eps)[2].sum()
+
+
+def stage2_targets(batch, rng, max_masked: int = 16, alpha: float = 1.01, blocks: int = 1):
+  """Positions carrying a loss in one `deer_stage2` step: the R masks of every block."""
+  del alpha
+  return stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)[1].sum()
+
+
+def ar_targets(batch, rng) -> jax.Array:
+  """Positions carrying a loss in one `ar` step on teacher rows: the answer tokens."""
+  del rng
+  return (batch["lengths"] - batch["prompt_lens"]).sum()
+
+
+TARGETS = {"deer_stage1": stage1_targets, "deer_stage2": stage2_targets, "ar": ar_targets}
+
+
+def supervised_targets(cfg) -> int:
+  """Positions that carry a loss over a whole run of the TrainConfig `cfg` (objective
+  deer_stage1, deer_stage2 or ar, on teacher rows), exactly: its batches and per-step keys
+  replayed as the trainer draws them (step s: the s-th batch, key fold_in(train_key, s))."""
+  import functools
+
+  from paraflax.training.step import keys
+  count = jax.jit(functools.partial(TARGETS[cfg.objective], **dict(cfg.objective_args)))
+  it = cfg.source.open(cfg.data, progress=False).train
+  train_key = keys(cfg.seed)[0]
+  return sum(int(count(next(it), jax.random.fold_in(train_key, s))) for s in range(cfg.steps))
 
 
 # ---- data ----

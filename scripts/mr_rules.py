@@ -1,7 +1,7 @@
 """Tokens per forward of Jacobi, MR under both recycling rules, and prompt lookup, on the base
 and the Jacobi Forcing weights (README, "Jacobi decoding and Jacobi Forcing").
 
-    python scripts/mr_rules.py --base checkpoints/tiny_ar --jf checkpoints/jacobi_forcing_r2
+    python scripts/mr_rules.py --base checkpoints/tiny_ar --jf checkpoints/jacobi_forcing_r1
 
 HumanEval prompts x 64 greedy tokens, batch 4, EOS on, as `paraflax bench`; prints a Markdown
 table (tokens/forward counts the prefill; every row is checked exact vs its weights' AR).

@@ -15,7 +15,7 @@ from paraflax import cli
 from paraflax.training import load_trained
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPORTABLE = ["tiny_ar", "jacobi_forcing_r2", "tidar_continual", "deer_drafter", "ar_drafter"]
+EXPORTABLE = ["tiny_ar", "jacobi_forcing_r1", "tidar_continual", "deer_drafter", "ar_drafter"]
 TEXT = 'def f(x):\n    return x + 1  # "<eos>" in text stays text\n'
 
 

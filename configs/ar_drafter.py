@@ -17,7 +17,7 @@ from pathlib import Path
 
 from paraflax.training.config import TrainConfig, load_config
 
-# DEER's supervised targets, exactly (`python scripts/drafter_comparison.py --count` replays
+# DEER's supervised targets, exactly (`scripts/drafter_comparison.py --teacher` replays
 # both runs' batches and keys and checks these): Stage I's masked suffix slots (2000 steps x
 # 16 rows, ~32 a row) + Stage II's R masks (1000 steps x 16 rows x 8 blocks, ~8.5 a block)
 DEER_TARGETS = 1_028_637 + 1_086_965

@@ -247,10 +247,10 @@ def slot_costs(model, args) -> list[dict]:
 def decoder_table(args):
   """name -> (decoder, draft model kind or None), the bench's settings (`methods.py`)."""
   from paraflax import decoders
+  from paraflax.evaluation.methods import mr_decoder
   return {"ar": (decoders.AR(), None),
           "jacobi": (decoders.Jacobi(block_size=16), None),
-          "jacobi_mr": (decoders.JacobiMR(block_size=16, num_blocks=2, pool_size=16,
-                                          num_candidates=2), None),
+          "jacobi_mr": (mr_decoder(16), None),
           "prompt_lookup": (decoders.PromptLookup(max_ngram=3, num_tokens=8), None),
           "tidar": (decoders.TiDAR(block_size=8, beta=1.0), None),
           "speculative": (decoders.Speculative(4), "ar"),

@@ -354,7 +354,8 @@ def test_drafter_configs():
   assert b1 == dataclasses.replace(s1, model=dataclasses.replace(
       s1.model, drafter_prefix="bidirectional"))
   assert b2 == dataclasses.replace(s2, model=b1.model, init_from="runs/deer_bidirectional_stage1",
-                                  objective_args={**dict(s2.objective_args), "blocks": 1})
+                                  objective_args={**dict(s2.objective_args), "blocks": 1},
+                                  steps=8 * s2.steps)  # one block per row: 8x the steps
   assert s1.model.vocab_size == base.vocab_size
   assert 0.2 < _n_params(s1.model) / _n_params(base) < 0.35
 
@@ -386,6 +387,30 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
       ("train", "deer_drafter", {"init_from": str(tmp_path / "deer_drafter_stage1"),
                                  "data_source_args.path": store}),
       ("train", "ar_drafter", {"data_source_args.path": store})]
+
+
+@pytest.mark.fast
+def test_demo_recopies_a_shipped_model_only_when_it_was_reshipped(tmp_path):
+  """A copy of a shipped model is replaced once checkpoints/ holds a newer save (a git pull);
+  an unchanged one, and a model trained in the cache, are kept."""
+  from paraflax.evaluation import demo
+  shipped, cache = tmp_path / "shipped", tmp_path / "cache"
+  save = lambda name, meta: (shipped / name / "checkpoints" / "7").mkdir(parents=True) or (
+      shipped / name / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text(meta)
+  save("tiny_ar", "save 1")
+  (cache / "asarm" / "checkpoints" / "3").mkdir(parents=True)  # trained here, not shipped
+  save("asarm", "shipped asarm")
+  build = lambda: demo.Build(cache=cache, configs=CONFIGS, shipped=shipped)
+  local = lambda name: cache / name / "local.txt"
+  demo.ensure("tiny_ar", build())
+  local("tiny_ar").write_text("kept while unchanged")
+  local("asarm").write_text("trained here")
+  demo.ensure("tiny_ar", build()), demo.ensure("asarm", build())
+  assert local("tiny_ar").is_file() and local("asarm").is_file()
+  (shipped / "tiny_ar" / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text("save 2")
+  demo.ensure("tiny_ar", build()), demo.ensure("asarm", build())
+  assert not local("tiny_ar").exists() and local("asarm").is_file()
+  assert (cache / "tiny_ar" / "checkpoints" / "7" / "_CHECKPOINT_METADATA").read_text() == "save 2"
 
 
 # ---- trainer and CLI ----

@@ -391,14 +391,14 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
 
 @pytest.mark.fast
 def test_demo_recopies_a_shipped_model_only_when_it_was_reshipped(tmp_path):
-  """A copy of a shipped model is replaced once checkpoints/ holds a newer save (a git pull);
-  an unchanged one, and a model trained in the cache, are kept."""
+  """A copy of a shipped model (params only) is replaced once checkpoints/ holds a newer save
+  (a git pull); an unchanged one, and a model trained in the cache (with opt_state), are kept."""
   from paraflax.evaluation import demo
   shipped, cache = tmp_path / "shipped", tmp_path / "cache"
   save = lambda name, meta: (shipped / name / "checkpoints" / "7").mkdir(parents=True) or (
       shipped / name / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text(meta)
   save("tiny_ar", "save 1")
-  (cache / "asarm" / "checkpoints" / "3").mkdir(parents=True)  # trained here, not shipped
+  (cache / "asarm" / "checkpoints" / "3" / "opt_state").mkdir(parents=True)  # trained here
   save("asarm", "shipped asarm")
   build = lambda: demo.Build(cache=cache, configs=CONFIGS, shipped=shipped)
   local = lambda name: cache / name / "local.txt"

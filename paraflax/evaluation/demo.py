@@ -68,11 +68,22 @@ def has_checkpoint(workdir: Path) -> bool:
       p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
 
 
-def stamp(shipped: Path) -> str:
-  """Which save a shipped model is: its latest checkpoint's metadata (orbax's save times)."""
-  step = max(int(p.name) for p in (shipped / "checkpoints").iterdir() if p.name.isdigit())
-  meta = shipped / "checkpoints" / str(step) / "_CHECKPOINT_METADATA"
-  return hashlib.sha256(meta.read_bytes() if meta.is_file() else str(step).encode()).hexdigest()
+def latest(workdir: Path) -> Path:
+  """The latest checkpoint directory of a workdir."""
+  steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+  return workdir / "checkpoints" / str(max(steps))
+
+
+def stamp(workdir: Path) -> str:
+  """Which save a model is: its latest checkpoint's metadata (orbax's save times)."""
+  meta = latest(workdir) / "_CHECKPOINT_METADATA"
+  return hashlib.sha256(meta.read_bytes() if meta.is_file() else meta.parent.name.encode()
+                        ).hexdigest()
+
+
+def is_copy(workdir: Path) -> bool:
+  """A copy of a shipped model (params only), not a run trained here (which keeps opt_state)."""
+  return not (latest(workdir) / "opt_state").exists()
 
 
 def ship(workdir: Path, dest: Path) -> None:
@@ -122,15 +133,14 @@ def ensure(name: str, b: Build) -> Path:
     return workdir
   if b.retrain and workdir.exists():
     shutil.rmtree(workdir)
-  shipped, copied = b.shipped / name, workdir / "shipped_from.txt"
+  shipped = b.shipped / name
   if not b.retrain and has_checkpoint(shipped):
-    if copied.is_file() and copied.read_text() != stamp(shipped):  # re-shipped since copied
-      print(f"[demo] {shipped} changed since it was copied: copying it again")
+    if has_checkpoint(workdir) and is_copy(workdir) and stamp(workdir) != stamp(shipped):
+      print(f"[demo] {shipped} was re-shipped since it was copied: copying it again")
       shutil.rmtree(workdir)
     if not has_checkpoint(workdir):
       print(f"[demo] using the shipped model {shipped} (retrain: paraflax demo --retrain)")
       shutil.copytree(shipped, workdir, dirs_exist_ok=True)
-      copied.write_text(stamp(shipped))
   if has_checkpoint(workdir):
     return workdir
   overrides = {}

@@ -32,6 +32,7 @@ teacher's continuations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import jax
@@ -256,8 +257,6 @@ def supervised_targets(cfg) -> int:
   """Positions that carry a loss over a whole run of the TrainConfig `cfg` (objective
   deer_stage1, deer_stage2 or ar, on teacher rows), exactly: its batches and per-step keys
   replayed as the trainer draws them (step s: the s-th batch, key fold_in(train_key, s))."""
-  import functools
-
   from paraflax.training.step import keys
   count = jax.jit(functools.partial(TARGETS[cfg.objective], **dict(cfg.objective_args)))
   it = cfg.source.open(cfg.data, progress=False).train

@@ -4,6 +4,7 @@ import atexit
 import concurrent.futures
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,15 @@ def _persistent_cache_takes_every_compile():
   """`paraflax.cli.main` raises the threshold to 0.5 s (for users' runs): lower it again."""
   yield
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+@pytest.fixture
+def ctrl_c():
+  """SIGINT raises KeyboardInterrupt here and in processes started meanwhile, as in a terminal,
+  even where the suite itself was started with SIGINT ignored (`nohup`, `cmd &` in a script)."""
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

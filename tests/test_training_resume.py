@@ -123,7 +123,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(setup, uninterrupted, t
 
 
 def test_sigint_saves_the_current_step_says_where_and_resumes_exactly(setup, uninterrupted,
-                                                                      tmp_path):
+                                                                      tmp_path, ctrl_c):
   """Ctrl-C during `paraflax train`: exit 130 with one line naming the checkpoint of the step
   it stopped at (periodic checkpoints are off, so that save is the only one), and the
   resumed run equals the uninterrupted one bit for bit."""

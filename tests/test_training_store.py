@@ -13,7 +13,7 @@ from paraflax.training.interrupt import Interrupted
 
 
 @pytest.mark.fast
-def test_sigint_during_a_fill_keeps_the_written_batches_and_a_rerun_finishes(tmp_path):
+def test_sigint_during_a_fill_keeps_the_written_batches_and_a_rerun_finishes(tmp_path, ctrl_c):
   out, meta = tmp_path / "store", {"examples": 10, "batch_size": 4}  # 3 batches
   shapes = {"rows": ((10, 2), (4, 2))}
   tok = train_tokenizer(["def f(x):\n  return x\n"] * 4, vocab_size=260)

@@ -5,7 +5,10 @@
     python scripts/accelerator_report.py --parts 1 --batches 1,8 --repeats 2
 
 Parts run in order; after each one `report.json`, `report.md` (the tables) and the plots under
-`--out` are rewritten, so a run cut short keeps what it measured.
+`--out` are rewritten, so a run cut short keeps what it measured. A report already in `--out`
+from the same device kind keeps the parts this run does not redo (one part per command fits a
+10-minute limit); each part records its own command. A failing part is reported (exit 1)
+after the later parts have run.
 
  1. Slot cost c(k): a decode forward with k query slots over a filled 2k-token cache / a
     one-slot forward; k = 1, 4, 16, 64 and TiDAR's k + k^2 (k = 4, 8), batch 1 and 8, at
@@ -13,9 +16,10 @@ Parts run in order; after each one `report.json`, `report.md` (the tables) and t
  2. Decode: random float32 weights at Qwen2.5-0.5B shape written as a Hugging Face dir
     (`pf.export_hf`) and loaded by paraflax (`load_hf`) and by transformers; AR, Jacobi,
     prompt lookup (repetitive prompts) and Speculative (a small random drafter) through
-    `run_bench` at batch 1 and 8, 512 new tokens: tokens/forward, tokens/s, greedy equality
-    with AR, conversion efficiency = speedup / tokens-per-forward; transformers' `generate`
-    on the same weights and device when a torch for that device is installed (else a note).
+    `run_bench` at batch 1 and 8 (2 batches of 64-token prompts each), 512 new tokens:
+    tokens/forward, tokens/s, greedy equality with AR, conversion efficiency = speedup /
+    tokens-per-forward; transformers' `generate` on the same weights and device when a torch
+    for that device is installed (else a note).
  3. Training: step time, tokens/s and MFU of one training step per objective
     (`real_size_smoke.measure_step`) at Qwen2.5-0.5B shape, 4096 tokens (halved until it fits).
  4. The demo family from scratch (`demo.ensure` on configs with the model set to ~20M params
@@ -31,6 +35,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +83,7 @@ class Plan:
       d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=384))
   objectives: tuple = tuple(smoke.CONFIGS)  # part 3
   train_seq_len: int = 4096
+  attention: str | None = None  # ModelConfig.attention of the steps (None: the config's, auto)
   train_steps: int = 5  # timed steps (best of)
   family_model: dict = dataclasses.field(default_factory=lambda: dict(FAMILY_MODEL))
   family_steps: dict = dataclasses.field(default_factory=lambda: dict(FAMILY_STEPS))
@@ -95,7 +101,7 @@ MICRO = Plan(shape="micro", big_shape="micro-wide", cache_len=64, slots=(1, 4), 
              big_slots=(1, 4), batches=(2,), repeats=2, prompt_len=16, rounds=1,
              new_tokens=16, drafter=dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
                                          d_ff=32),
-             objectives=("ar", "tidar"), train_seq_len=64, train_steps=2,
+             objectives=("tidar",), train_seq_len=64, train_steps=2,
              family_model=dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64),
              family_steps={k: 2 for k in FAMILY_STEPS}, family_batch=2, collect_examples=64,
              teacher_examples=64,
@@ -263,9 +269,13 @@ def part_train(plan: Plan, log) -> dict:
     seq = plan.train_seq_len
     while True:
       args = argparse.Namespace(layers=shape["n_layers"], seq_len=seq, remat=None,
-                                scan_layers=None, attention=None)
-      r = smoke.measure_step(name, smoke.train_config(name, args, shape=shape),
-                             limit / smoke.GIB, steps=plan.train_steps)
+                                scan_layers=None, attention=plan.attention)
+      try:
+        r = smoke.measure_step(name, smoke.train_config(name, args, shape=shape),
+                               limit / smoke.GIB, steps=plan.train_steps)
+      except Exception as e:  # report and go on: one objective's failure is a finding
+        r = {"objective": name, "seq_len": seq, "skipped": f"{type(e).__name__}: {e}"[:300]}
+        break
       if "skipped" not in r or seq <= 256:
         break
       seq //= 2  # the largest that fits
@@ -531,13 +541,15 @@ def parse(argv):
   p.add_argument("--new-tokens", type=int, default=None, help="part 2 new tokens (512)")
   p.add_argument("--rounds", type=int, default=None, help="part 2 batches per batch size (2)")
   p.add_argument("--train-seq-len", type=int, default=None, help="part 3 tokens (4096)")
+  p.add_argument("--attention", default=None,
+                 help="part 3 ModelConfig.attention (default: auto; xla_chunked needs no tokamax)")
   return p.parse_args(argv)
 
 
 def plan_of(args) -> Plan:
   import jax
   plan = MICRO if args.micro else Plan()
-  flags = ("repeats", "cache_len", "new_tokens", "rounds", "train_seq_len")
+  flags = ("repeats", "cache_len", "new_tokens", "rounds", "train_seq_len", "attention")
   sets = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
   if args.batches:
     sets["batches"] = tuple(int(b) for b in args.batches.split(","))
@@ -564,15 +576,24 @@ def main(argv=None) -> int:
       f"JAX {report['meta']['jax']}")
   runs = {"1": lambda: part_slot_cost(plan, log), "2": lambda: part_decode(plan, out, log),
           "3": lambda: part_train(plan, log), "4": lambda: part_family(plan, out, log)}
+  failed = []
   for part in sorted(set(args.parts.split(","))):
     t0 = time.perf_counter()
-    report["parts"][part] = {**runs[part](), "part_wall_s": time.perf_counter() - t0,
+    try:
+      result = runs[part]()
+    except Exception:  # the next parts still run: a lease may not come again
+      traceback.print_exc()
+      failed.append(part)
+      continue
+    report["parts"][part] = {**result, "part_wall_s": time.perf_counter() - t0,
                              "command": report["meta"]["command"],
                              "started_utc": report["meta"]["started_utc"]}
     write(report, out)
     log(f"[{part}] done in {report['parts'][part]['part_wall_s']:.1f} s; wrote {out}/report.*")
   log("\n" + markdown(report))
-  return 0
+  if failed:
+    log(f"parts {', '.join(failed)} failed (tracebacks above)")
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

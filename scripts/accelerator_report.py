@@ -351,6 +351,7 @@ def part_family(plan: Plan, out: Path, log) -> dict:
   from paraflax.evaluation.bench import plot, run_bench
   from paraflax.evaluation.methods import bench_methods
   from paraflax.loading import load_drafter, load_model, load_related
+  from paraflax.training import read_metrics
   cache = out / "family"
   build = demo.Build(cache=cache, configs=family_configs(plan, cache / "configs"),
                      shipped=cache / "none", retrain=True)
@@ -358,9 +359,11 @@ def part_family(plan: Plan, out: Path, log) -> dict:
   with demo_sizes(plan.collect_examples, plan.teacher_examples):
     for name in plan.family_steps:  # dependency order: each stage's inputs come first
       t0 = time.perf_counter()
-      demo.ensure(name, build)
+      metrics = read_metrics(demo.ensure(name, build))
+      last = lambda key: next((m[key] for m in reversed(metrics) if key in m), None)
       stages.append({"stage": name, "steps": plan.family_steps[name],
-                     "wall_s": time.perf_counter() - t0})
+                     "wall_s": time.perf_counter() - t0, "train_loss": last("loss"),
+                     "val_loss": last("val_loss"), "tokens_per_s": last("tokens_per_s")})
       log(f"[4] trained {name}: {stages[-1]['wall_s']:.1f} s")
   train_s = time.perf_counter() - t_all
   model, tok, encode = load_model(cache / "tiny_ar")
@@ -451,8 +454,11 @@ def markdown(report: dict) -> str:
     p = parts["4"]
     lines += [f"## 4. Demo family from scratch ({p['model_params'] / 1e6:.1f}M-param AR model; "
               f"training {p['train_wall_s']:.0f} s, bench {p['bench_wall_s']:.0f} s)", *cmd(p),
-              "| stage | steps | wall s |", "|---|---|---|"]
-    lines += [f"| {s['stage']} | {s['steps']} | {s['wall_s']:.1f} |" for s in p["stages"]]
+              "| stage | steps | wall s | tokens/s | last train loss | val loss |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['steps']} | {s['wall_s']:.1f} | "
+              f"{fmt(s.get('tokens_per_s'), ',.0f')} | {fmt(s.get('train_loss'), '.3f')} | "
+              f"{fmt(s.get('val_loss'), '.3f')} |" for s in p["stages"]]
     lines += ["", f"Bench: {p['bench_prompts']} {p['prompts']} prompts x {p['new_tokens']} "
               f"tokens, batch {p['batch']}.", "",
               "| method | settings | weights | tokens/forward | tokens/s | speedup vs AR | "

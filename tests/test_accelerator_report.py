@@ -51,6 +51,7 @@ def test_report_micro_all_parts(tmp_path):
 
   family = parts["4"]
   assert [s["stage"] for s in family["stages"]] == FAMILY
+  assert all(s["val_loss"] > 0 for s in family["stages"])
   methods = {r["method"] for r in family["rows"]}
   assert {"ar", "jacobi", "jacobi_forcing", "tidar_k4", "deer_k4", "spec_ar_k4"} <= methods
   assert all(r["exact_match_vs_ar"] == 1.0 for r in family["rows"])

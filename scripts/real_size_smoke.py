@@ -66,12 +66,12 @@ def run_control(args) -> dict:
 
 # ---------------------------------------------------------------- (a) training
 
-def train_config(name: str, args, extra: dict | None = None):
-  """The objective's shipped config at Qwen2.5-0.5B shapes, `--seq-len`, batch 1 (then the
-  run-control flags, then `extra` overrides)."""
+def train_config(name: str, args, extra: dict | None = None, shape: dict = QWEN_05B):
+  """The objective's shipped config at `shape` (Qwen2.5-0.5B's by default) with `--layers`,
+  `--seq-len`, batch 1 (then the run-control flags, then `extra` overrides)."""
   from paraflax.training.config import apply_overrides, load_config
   cfg = load_config(ROOT / "configs" / f"{CONFIGS[name]}.py")
-  sets = {f"model.{k}": v for k, v in QWEN_05B.items()}
+  sets = {f"model.{k}": v for k, v in shape.items()}
   sets.update({"model.n_layers": args.layers, "model.dtype": "bfloat16",
                "model.param_dtype": "float32", "data.seq_len": args.seq_len,
                "data.batch_size": 1, **run_control(args), **(extra or {})})
@@ -152,10 +152,16 @@ def run_settings(cfg) -> dict:
 
 def train_one(name: str, args) -> dict:
   """Init, compile and run one training step of objective `name`; the report."""
+  return measure_step(name, train_config(name, args), args.max_gib)
+
+
+def measure_step(name: str, cfg, max_gib: float, steps: int = 1) -> dict:
+  """Init, compile and run `steps` training steps of `cfg` (objective `name`) on a synthetic
+  batch; the report (`step_s`: the first run of the compiled step, `step_s_best`: the
+  fastest of the `steps`)."""
   import jax
   from paraflax.training import optim
   from paraflax.training.step import init_opt_state, init_params
-  cfg = train_config(name, args)
   report = {"objective": name, "config": f"configs/{CONFIGS[name]}.py",
             "layers": cfg.model.n_layers, "seq_len": cfg.data.seq_len}
   t0 = time.perf_counter()
@@ -170,17 +176,22 @@ def train_one(name: str, args) -> dict:
   compiled, report["compile_s"], need, temp = compile_step(cfg, graphdef, tx, params, opt_state,
                                                            batch, key)
   report.update(run_settings(cfg), xla_temp_gib=temp / GIB, xla_total_gib=need / GIB)
-  if need > args.max_gib * GIB:
-    return {**report, "skipped": f"XLA needs {need / GIB:.1f} GiB > --max-gib {args.max_gib}",
+  if need > max_gib * GIB:
+    return {**report, "skipped": f"XLA needs {need / GIB:.1f} GiB > --max-gib {max_gib}",
             "peak_rss_gib": peak_rss_gib()}
   before = param_sample(params)
-  t0 = time.perf_counter()
-  params, opt_state, metrics = jax.block_until_ready(compiled(params, opt_state, batch, key))
-  report["step_s"] = time.perf_counter() - t0
-  moved = [not np.array_equal(a, b) for a, b in zip(before, param_sample(params))]
-  metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-  return {**report, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-          "finite": bool(np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])),
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    params, opt_state, metrics = jax.block_until_ready(compiled(params, opt_state, batch, key))
+    times.append(time.perf_counter() - t0)
+    if len(times) == 1:
+      moved = [not np.array_equal(a, b) for a, b in zip(before, param_sample(params))]
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      first = metrics
+  report["step_s"], report["step_s_best"] = times[0], min(times)
+  return {**report, "loss": first["loss"], "grad_norm": first["grad_norm"],
+          "finite": bool(np.isfinite(first["loss"]) and np.isfinite(first["grad_norm"])),
           "params_moved": f"{sum(moved)}/{len(moved)}", "peak_rss_gib": peak_rss_gib()}
 
 
@@ -210,9 +221,17 @@ def random_model(cfg, seed: int = 0):
   return nnx.merge(*init_params(cfg, seed))
 
 
-def slot_costs(model, args) -> list[dict]:
-  """Seconds of a k-slot forward over a cache holding `--cache-len` tokens, each k: best of
-  `--repeats` rounds, each round timing every width once (so a burst of load from other jobs
+def slot_widths(slots=SLOTS, tidar_k=TIDAR_K) -> list[tuple[int, str, int]]:
+  """(query slots, mask kind, k) of each forward the slot-cost curve times: causal chunks of
+  `slots`, TiDAR's k + k^2 for each of `tidar_k`."""
+  return [(k, "causal", k) for k in slots] + [(k + k * k, "tidar", k) for k in tidar_k]
+
+
+def slot_costs(model, cache_len: int, repeats: int, batch: int = 1, widths=None,
+               progress: bool = True) -> list[dict]:
+  """Seconds of a k-slot forward over a cache of `batch` rows holding `cache_len` tokens, each
+  width of `widths` (default `slot_widths()`; the first is the one-token reference): best of
+  `repeats` rounds, each round timing every width once (so a burst of load from other jobs
   on the machine hits all widths alike, not one)."""
   import jax
   import jax.numpy as jnp
@@ -222,23 +241,24 @@ def slot_costs(model, args) -> list[dict]:
   from paraflax.decoding import state as st
   from paraflax.evaluation.overhead import best_of
   fwd = st.Forward.of(model)
-  widths = [(k, "causal", k) for k in SLOTS] + [(k + k * k, "tidar", k) for k in TIDAR_K]
-  cache = init_cache(model.cfg, 1, args.cache_len + max(w for w, _, _ in widths))
-  cache = cache.replace(lengths=jnp.full((1,), args.cache_len, jnp.int32))
+  widths = widths or slot_widths()
+  cache = init_cache(model.cfg, batch, cache_len + max(w for w, _, _ in widths))
+  cache = cache.replace(lengths=jnp.full((batch,), cache_len, jnp.int32))
   forward = jax.jit(lambda f, tok, pos, mask, c: f(tok, pos, mask, c))
   calls, rows = [], []
-  for width, kind, k in tqdm(widths, desc="slot cost: compile", file=sys.stdout):
+  bar = lambda it, desc: tqdm(it, desc=desc, file=sys.stdout, disable=not progress)
+  for width, kind, k in bar(widths, "slot cost: compile"):
     mask = (masks.decode(cache.lengths, cache.slots, width) if kind == "causal"
             else masks.tidar_decode(cache.lengths, cache.slots, k))
     pos = cache.lengths[:, None] + jnp.arange(width)[None]
-    tok = jnp.full((1, width), 7, jnp.int32)
+    tok = jnp.full((batch, width), 7, jnp.int32)
     calls.append(lambda tok=tok, pos=pos, mask=mask: forward(fwd, tok, pos, mask, cache))
     t0 = time.perf_counter()
     jax.block_until_ready(calls[-1]())
     rows.append({"slots": width, "mask": kind if kind == "causal" else f"tidar k={k}",
                  "compile_and_first_s": time.perf_counter() - t0})
   best = [float("inf")] * len(calls)
-  for _ in tqdm(range(args.repeats), desc="slot cost: rounds", file=sys.stdout):
+  for _ in bar(range(repeats), "slot cost: rounds"):
     best = [min(b, best_of(c, 1)) for b, c in zip(best, calls)]
   one = best[0]
   return [{**r, "forward_ms": b * 1e3, "vs_one_token": b / one} for r, b in zip(rows, best)]
@@ -305,7 +325,8 @@ def decode_all(args) -> dict:
   model = random_model(decode_config(args))
   report = {"layers": args.layers, "dtype": "float32", "cache_len": args.cache_len,
             "attention": model.cfg.attention}
-  report["slot_cost"] = slot_costs(model, args) if not args.skip_slots else []
+  report["slot_cost"] = (slot_costs(model, args.cache_len, args.repeats)
+                         if not args.skip_slots else [])
   prompt = np.random.default_rng(1).integers(3, QWEN_05B["vocab_size"],
                                              (1, args.prompt_len)).astype(np.int32)
   table, names = decoder_table(args), [d for d in args.decoders.split(",") if d]

@@ -1,0 +1,64 @@
+"""scripts/accelerator_report.py end to end at micro shapes (issue 23): every part reports,
+every decoder equals greedy AR, c(1) is 1, the tables and plots render."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY = ["tiny_ar", "jacobi_forcing_r1", "tidar_continual", "deer_drafter_stage1",
+          "deer_drafter", "ar_drafter"]
+
+
+@pytest.mark.slow
+def test_report_micro_all_parts(tmp_path):
+  # as a user runs it; XLA's cheapest compiles: the micro programs are all compile time
+  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
+                                    "--xla_llvm_disable_expensive_passes=true",
+         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+  proc = subprocess.run([sys.executable, "scripts/accelerator_report.py", "--micro", "--out",
+                         str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = json.loads((tmp_path / "report.json").read_text())
+  parts = report["parts"]
+  assert sorted(parts) == ["1", "2", "3", "4"]
+  assert report["meta"]["device_kind"] and report["meta"]["jax"]
+  assert report["meta"]["command"].endswith(f"--micro --out {tmp_path}")
+
+  slots = parts["1"]["rows"]
+  assert {r["shape"] for r in slots} == {"micro", "micro-wide"}
+  for r in slots:  # each (shape, batch) curve is relative to its own one-slot forward
+    assert r["forward_ms"] > 0
+    if r["slots"] == 1:
+      assert r["vs_one_token"] == 1.0
+
+  decode = [r for r in parts["2"]["rows"] if r["method"] != "transformers generate"]
+  assert {r["method"] for r in decode} == {"ar", "jacobi", "prompt_lookup", "speculative"}
+  assert all(r["exact_match_vs_ar"] == 1.0 for r in decode)
+  assert all(r["tokens_per_forward"] >= 1.0 for r in decode)
+  # the repetitive prompts are prompt lookup's case: it drafts something that is accepted
+  assert next(r for r in decode if r["method"] == "prompt_lookup")["tokens_per_forward"] > 1.0
+  hf = [r for r in parts["2"]["rows"] if r["method"] == "transformers generate"]
+  assert hf and all("skipped" in r or r["same_tokens_as_paraflax_ar"] == 1.0 for r in hf)
+
+  train = parts["3"]["rows"]
+  assert train and all(r.get("finite") and r["tokens_per_second"] > 0 for r in train), train
+
+  family = parts["4"]
+  assert [s["stage"] for s in family["stages"]] == FAMILY
+  assert all(s["val_loss"] > 0 for s in family["stages"])
+  methods = {r["method"] for r in family["rows"]}
+  assert {"ar", "jacobi", "jacobi_forcing", "tidar_k4", "deer_k4", "spec_ar_k4"} <= methods
+  assert all(r["exact_match_vs_ar"] == 1.0 for r in family["rows"])
+
+  md = (tmp_path / "report.md").read_text()
+  for title in ("## 1. Slot cost", "## 2. Decode", "## 3. Training step", "## 4. Demo family"):
+    assert title in md
+  assert "| prompt_lookup |" in md and "| spec_ar_k4 |" in md
+  for png in ("slot_cost.png", "decode_conversion.png", "family_plots/bench_speed.png"):
+    assert (tmp_path / png).stat().st_size > 0

@@ -71,6 +71,9 @@ class Plan:
   shape: str = "qwen2.5-0.5b"  # parts 1-3
   big_shape: str | None = "qwen2.5-7b"  # part 1's second shape (k = 1, 16 only)
   cache_len: int = 2048  # part 1: filled cache slots
+  short_cache: int | None = 256  # part 1: the causal widths `short_slots` over this cache too
+  short_slots: tuple = (1, 16, 64)
+  inner: int | None = None  # part 1: forwards per timed program (None: 8, 1 on a CPU)
   slots: tuple = smoke.SLOTS
   tidar_k: tuple = smoke.TIDAR_K
   big_slots: tuple = (1, 16)
@@ -79,6 +82,7 @@ class Plan:
   prompt_len: int = 64  # part 2
   rounds: int = 2  # prompts: `rounds` batches of each batch size
   new_tokens: int = 512
+  profile_tokens: int = 64  # part 2: new tokens of each decoder's profiled call (batch 1)
   drafter: dict = dataclasses.field(default_factory=lambda: dict(
       d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=384))
   objectives: tuple = tuple(smoke.CONFIGS)  # part 3
@@ -97,10 +101,11 @@ class Plan:
   bench_mr: bool = True  # the Jacobi + MR rows too
 
 
-MICRO = Plan(shape="micro", big_shape="micro-wide", cache_len=64, slots=(1, 4), tidar_k=(2,),
+MICRO = Plan(shape="micro", big_shape="micro-wide", cache_len=64, short_cache=16,
+             short_slots=(1, 4), inner=2, slots=(1, 4), tidar_k=(2,),
              big_slots=(1, 4), batches=(2,), repeats=2, prompt_len=16, rounds=1,
-             new_tokens=16, drafter=dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                                         d_ff=32),
+             new_tokens=16, profile_tokens=8,
+             drafter=dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32),
              objectives=("tidar",), train_seq_len=64, train_steps=2,
              family_model=dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64),
              family_steps={k: 2 for k in FAMILY_STEPS}, family_batch=2, collect_examples=64,
@@ -119,21 +124,46 @@ def model_config(shape: str, dtype: str, **extra):
 # ---------------------------------------------------------------- part 1: slot cost
 
 def part_slot_cost(plan: Plan, log) -> dict:
-  """c(k) rows per shape and batch (`smoke.slot_costs`), bf16 random weights."""
-  rows = []
-  for shape, widths in ((plan.shape, smoke.slot_widths(plan.slots, plan.tidar_k)),
-                        (plan.big_shape, smoke.slot_widths(plan.big_slots, ()))):
-    if shape is None:
-      continue
-    model = smoke.random_model(model_config(shape, "bfloat16"))
+  """c(k) rows per shape, cache length and batch (`smoke.slot_costs`), bf16 random weights;
+  the short cache (causal widths only) gives the filled cache's share of each forward."""
+  import jax
+  inner = plan.inner or (1 if jax.default_backend() == "cpu" else 8)
+  sweeps = [(plan.shape, plan.cache_len, smoke.slot_widths(plan.slots, plan.tidar_k))]
+  if plan.short_cache:
+    sweeps.append((plan.shape, plan.short_cache, smoke.slot_widths(plan.short_slots, ())))
+  if plan.big_shape:
+    sweeps.append((plan.big_shape, plan.cache_len, smoke.slot_widths(plan.big_slots, ())))
+  rows, errors, model = [], [], None
+  for i, (shape, cache_len, widths) in enumerate(sweeps):
+    if i == 0 or shape != sweeps[i - 1][0]:
+      del model
+      model = smoke.random_model(model_config(shape, "bfloat16"))
     for b in plan.batches:
-      for r in smoke.slot_costs(model, plan.cache_len, plan.repeats, b, widths, progress=False):
-        rows.append({"shape": shape, "batch": b, **r})
-        log(f"[1] {shape} batch {b} slots {r['slots']:>3} ({r['mask']}): "
-            f"{r['forward_ms']:.2f} ms, c = {r['vs_one_token']:.2f}")
-    del model
-  return {"cache_len": plan.cache_len, "dtype": "bfloat16", "repeats": plan.repeats,
-          "rows": rows}
+      try:
+        sweep = smoke.slot_costs(model, cache_len, plan.repeats, b, widths, progress=False,
+                                 inner=inner)
+      except Exception as e:  # one sweep's failure is a finding; the others still run
+        errors.append(f"{shape} cache {cache_len} batch {b}: {type(e).__name__}: {e}"[:400])
+        log(f"[1] failed: {errors[-1]}")
+        continue
+      for r in sweep:
+        rows.append({"shape": shape, "cache_len": cache_len, "batch": b, **r})
+        log(f"[1] {shape} cache {cache_len} batch {b} slots {r['slots']:>3} ({r['mask']}): "
+            f"{r['forward_ms']:.3f} ms, c = {r['vs_one_token']:.2f}")
+  return {"cache_len": plan.cache_len, "short_cache": plan.short_cache, "dtype": "bfloat16",
+          "repeats": plan.repeats, "inner": inner, "rows": rows, "errors": errors}
+
+
+def cache_shares(part: dict) -> list[dict]:
+  """Per (batch, slots) timed at both cache lengths: the share of the long-cache forward that
+  the extra cache slots cost, 1 - t(short) / t(long)."""
+  long = {(r["shape"], r["batch"], r["slots"], r["mask"]): r for r in part["rows"]
+          if r["cache_len"] == part["cache_len"]}
+  return [{"shape": r["shape"], "batch": r["batch"], "slots": r["slots"],
+           "short_ms": r["forward_ms"], "long_ms": lr["forward_ms"],
+           "cache_share": 1 - r["forward_ms"] / lr["forward_ms"]}
+          for r in part["rows"] if r.get("cache_len") == part.get("short_cache")
+          and (lr := long.get((r["shape"], r["batch"], r["slots"], r["mask"])))]
 
 
 # ---------------------------------------------------------------- part 2: decode
@@ -186,6 +216,54 @@ def hf_generate(hf_dir: Path, prompts, batch: int, new: int) -> dict:
           "tokens_per_second": len(prompts) * new / seconds, "tokens": tokens}
 
 
+def trace_summary(trace: dict) -> dict:
+  """Device time in a Chrome/perfetto trace (`jax.profiler`): the span from the first to the
+  last device event, the time some kernel ran (union over streams) and the kernels that took
+  most of it. No device process (a CPU backend): {"device_events": 0}."""
+  events = trace["traceEvents"]
+  meta = lambda kind: {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+                       if e.get("ph") == "M" and e.get("name") == kind}
+  procs, threads = meta("process_name"), meta("thread_name")
+  dev = {pid for (pid, _), n in procs.items() if "GPU" in n or "TPU" in n}
+  kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in dev]
+  streams = [e for e in kernels if "Stream" in threads.get((e["pid"], e.get("tid")), "")]
+  kernels = streams or kernels  # kernel rows only: the XLA op/module rows repeat them
+  if not kernels:
+    return {"device_events": 0}
+  spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+  busy, end = 0.0, spans[0][0]
+  for a, b in spans:
+    busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
+  totals: dict[str, float] = {}
+  for e in kernels:
+    totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
+  top = sorted(totals.items(), key=lambda kv: -kv[1])[:8]
+  return {"device_events": len(kernels), "span_ms": (end - spans[0][0]) / 1e3,
+          "busy_ms": busy / 1e3, "busy_share": busy / max(end - spans[0][0], 1e-9),
+          "top_kernels": [{"name": n[:80], "ms": t / 1e3, "share": t / busy} for n, t in top]}
+
+
+def profiled(fn, where: Path, name: str) -> dict:
+  """One warm call of `fn` under `jax.profiler.trace`: wall time, `trace_summary`; the
+  perfetto trace kept as `where/profile_<name>.json.gz`."""
+  import gzip
+  import shutil
+  import jax
+  jax.block_until_ready(fn())  # compile outside the trace
+  tmp = where / f"trace_{name}"
+  with jax.profiler.trace(str(tmp), create_perfetto_trace=True):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    wall = time.perf_counter() - t0
+  path = max(tmp.glob("plugins/profile/*/perfetto_trace.json.gz"), key=lambda q: q.stat().st_mtime)
+  shutil.copy(path, where / f"profile_{name}.json.gz")
+  shutil.rmtree(tmp)
+  with gzip.open(where / f"profile_{name}.json.gz") as f:
+    summary = trace_summary(json.load(f))
+  return {"method": name, "wall_ms": wall * 1e3, "forwards": int(np.asarray(out.forwards).max()),
+          **summary}
+
+
 def part_decode(plan: Plan, out: Path, log) -> dict:
   """Every training-free decoder against AR (`run_bench`) and transformers' `generate`, on
   random float32 weights round-tripped through a Hugging Face dir."""
@@ -230,9 +308,18 @@ def part_decode(plan: Plan, out: Path, log) -> dict:
         hf["paraflax_ar_speedup"] = ar_tps / hf["tokens_per_second"]
       rows.append({"batch": b, "method": "transformers generate", **hf})
       log(f"[2] batch {b} transformers generate: {hf}")
+    b = plan.batches[0]  # the profile: where each decoder's step time goes
+    prompts = repetitive_prompts(b, plan.prompt_len, cfg.vocab_size)
+    profile = [profiled(lambda m=m: pf.generate(model, prompts, m.decoder, plan.profile_tokens,
+                                                  eos_id=None, draft_model=m.draft_model),
+                        out, m.name)
+               for m in [Method("ar", decoders.AR()), *methods]]
+    for r in profile:
+      log(f"[2] profile batch {b} {r['method']}: {json.dumps(r)[:400]}")
   return {"shape": plan.shape, "dtype": "float32", "prompt_len": plan.prompt_len,
           "rounds": plan.rounds, "new_tokens": plan.new_tokens, "hf_dir": str(hf_dir),
-          "rows": rows}
+          "rows": rows, "profile_batch": b, "profile_tokens": plan.profile_tokens,
+          "profile": profile}
 
 
 # ---------------------------------------------------------------- part 3: training
@@ -261,10 +348,13 @@ def train_flops_per_token(model: dict, seq_len: int) -> float:
   return 6 * n + 6 * model["n_layers"] * model["d_model"] * seq_len
 
 
-def part_train(plan: Plan, log) -> dict:
-  """One training step per objective (best of `train_steps`), tokens/s and MFU."""
+def part_train(plan: Plan, log, partial=lambda result: None) -> dict:
+  """One training step per objective (best of `train_steps`), tokens/s and MFU; `partial`
+  gets the result so far after each objective (a run cut short keeps those)."""
   shape = SHAPES[plan.shape]
   limit, peak, rows = device_bytes(), peak_flops(), []
+  result = lambda: {"shape": plan.shape, "peak_bf16_flops": peak,
+                    "memory_limit_gib": limit / smoke.GIB, "rows": rows}
   for name in plan.objectives:
     seq = plan.train_seq_len
     while True:
@@ -287,8 +377,8 @@ def part_train(plan: Plan, log) -> dict:
     rows.append(r)
     log(f"[3] {name}: " + json.dumps({k: r.get(k) for k in (
         "seq_len", "step_s_best", "tokens_per_second", "mfu", "skipped")}))
-  return {"shape": plan.shape, "peak_bf16_flops": peak, "memory_limit_gib": limit / smoke.GIB,
-          "rows": rows}
+    partial(result())
+  return result()
 
 
 # ---------------------------------------------------------------- part 4: demo family
@@ -408,12 +498,20 @@ def markdown(report: dict) -> str:
   if "1" in parts:
     p = parts["1"]
     lines += [f"## 1. Slot cost c(k) over a filled {p['cache_len']}-token cache ({p['dtype']}, "
-              f"best of {p['repeats']})", *cmd(p),
-              "| shape | batch | slots | mask | forward ms | c(k) |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['batch']} | {r['slots']} | {r['mask']} | "
-              f"{r['forward_ms']:.2f} | {r['vs_one_token']:.2f} |" for r in p["rows"]]
-    lines.append("")
+              f"best of {p['repeats']}, {p.get('inner', 1)} forwards per timed program)",
+              *cmd(p), "| shape | cache | batch | slots | mask | forward ms | c(k) |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r.get('cache_len', p['cache_len'])} | {r['batch']} | "
+              f"{r['slots']} | {r['mask']} | {r['forward_ms']:.3f} | {r['vs_one_token']:.2f} |"
+              for r in p["rows"]]
+    if shares := cache_shares(p):
+      lines += ["", f"The filled cache's share of a forward: 1 - t({p['short_cache']}-token "
+                f"cache) / t({p['cache_len']}-token cache).", "",
+                "| shape | batch | slots | ms, short cache | ms, long cache | cache share |",
+                "|---|---|---|---|---|---|"]
+      lines += [f"| {r['shape']} | {r['batch']} | {r['slots']} | {r['short_ms']:.3f} | "
+                f"{r['long_ms']:.3f} | {100 * r['cache_share']:.0f}% |" for r in shares]
+    lines += ["", *(f"Failed: {e}" for e in p.get("errors", [])), ""]
   if "2" in parts:
     p = parts["2"]
     lines += [f"## 2. Decode at {p['shape']} shape ({p['dtype']}; {p['rounds']} batches of "
@@ -433,11 +531,28 @@ def markdown(report: dict) -> str:
                    f"{r['tokens_per_forward']:.2f} | {r['tokens_per_second']:.1f} | "
                    f"{r['speedup_vs_ar']:.2f}x | {r['conversion_efficiency']:.2f} | "
                    f"{fmt(r['exact_match_vs_ar'])} |")
+    if p.get("profile"):
+      lines += ["", f"Profile (`jax.profiler`, one warm call, batch {p['profile_batch']}, "
+                f"{p['profile_tokens']} new tokens; traces `profile_<method>.json.gz`): device "
+                "busy = time some kernel ran, over the span from the first kernel to the last.",
+                "", "| method | forwards | wall ms | wall ms / forward | device busy ms / forward "
+                "| busy share of span | top kernels (share of busy) |",
+                "|---|---|---|---|---|---|---|"]
+      for r in p["profile"]:
+        per = lambda ms: ms / max(r["forwards"], 1)
+        top = "; ".join(f"{k['name'][:40]} {100 * k['share']:.0f}%"
+                        for k in r.get("top_kernels", [])[:4])
+        busy = r.get("busy_ms") and per(r["busy_ms"])
+        share = r.get("busy_share") and 100 * r["busy_share"]
+        lines.append(f"| {r['method']} | {r['forwards']} | {r['wall_ms']:.1f} | "
+                     f"{per(r['wall_ms']):.3f} | {fmt(busy, '.3f')} | {fmt(share, '.0f')}{'%' * bool(share)} | "
+                     f"{top or '(no device events: CPU)'} |")
     lines.append("")
   if "3" in parts:
     p = parts["3"]
     lines += [f"## 3. Training step at {p['shape']} shape (batch 1; MFU against "
-              f"{fmt(p['peak_bf16_flops'] and p['peak_bf16_flops'] / 1e12, '.0f')} TFLOP/s)",
+              f"{fmt(p['peak_bf16_flops'] and p['peak_bf16_flops'] / 1e12, '.0f')} TFLOP/s)"
+              + (" (cut short: the objectives measured before the limit)" * bool(p.get("partial"))),
               *cmd(p),
               "| objective | tokens | remat, scan | compile s | step s | tokens/s | MFU | "
               "XLA GiB |", "|---|---|---|---|---|---|---|---|"]
@@ -475,9 +590,10 @@ def plot_slot_cost(part: dict, path: Path, device: str) -> None:
   from matplotlib.figure import Figure
   fig = Figure(figsize=(6, 4))
   ax = fig.subplots()
-  keys = sorted({(r["shape"], r["batch"]) for r in part["rows"]})
+  full = [r for r in part["rows"] if r.get("cache_len", part["cache_len"]) == part["cache_len"]]
+  keys = sorted({(r["shape"], r["batch"]) for r in full})
   for i, (shape, b) in enumerate(keys):
-    rows = [r for r in part["rows"] if (r["shape"], r["batch"]) == (shape, b)]
+    rows = [r for r in full if (r["shape"], r["batch"]) == (shape, b)]
     causal = [r for r in rows if r["mask"] == "causal"]
     ax.plot([r["slots"] for r in causal], [r["vs_one_token"] for r in causal], "o-",
             color=f"C{i}", label=f"{shape}, batch {b}")
@@ -542,10 +658,14 @@ def parse(argv):
   p.add_argument("--batches", default=None, help="parts 1-2 batch sizes (default 1,8)")
   p.add_argument("--repeats", type=int, default=None, help="part 1: best of this many")
   p.add_argument("--cache-len", type=int, default=None, help="part 1: filled cache (2048)")
+  p.add_argument("--short-cache", type=int, default=None,
+                 help="part 1: also time the causal widths over this cache (256; 0: off)")
   p.add_argument("--big-shape", default="auto", choices=("auto", "none", *SHAPES),
                  help="part 1's second shape; auto: qwen2.5-7b off a CPU, none on one")
   p.add_argument("--new-tokens", type=int, default=None, help="part 2 new tokens (512)")
   p.add_argument("--rounds", type=int, default=None, help="part 2 batches per batch size (2)")
+  p.add_argument("--objectives", default=None,
+                 help="part 3 objectives, comma-separated (default: all six)")
   p.add_argument("--train-seq-len", type=int, default=None, help="part 3 tokens (4096)")
   p.add_argument("--attention", default=None,
                  help="part 3 ModelConfig.attention (default: auto; xla_chunked needs no tokamax)")
@@ -555,8 +675,11 @@ def parse(argv):
 def plan_of(args) -> Plan:
   import jax
   plan = MICRO if args.micro else Plan()
-  flags = ("repeats", "cache_len", "new_tokens", "rounds", "train_seq_len", "attention")
+  flags = ("repeats", "cache_len", "short_cache", "new_tokens", "rounds", "train_seq_len",
+           "attention")
   sets = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+  if args.objectives:
+    sets["objectives"] = tuple(args.objectives.split(","))
   if args.batches:
     sets["batches"] = tuple(int(b) for b in args.batches.split(","))
   if args.big_shape == "none" or (args.big_shape == "auto" and not args.micro
@@ -580,21 +703,30 @@ def main(argv=None) -> int:
   log = lambda s: print(s, flush=True)
   log(f"device {report['meta']['device_kind']} ({report['meta']['platform']}), "
       f"JAX {report['meta']['jax']}")
-  runs = {"1": lambda: part_slot_cost(plan, log), "2": lambda: part_decode(plan, out, log),
-          "3": lambda: part_train(plan, log), "4": lambda: part_family(plan, out, log)}
-  failed = []
-  for part in sorted(set(args.parts.split(","))):
-    t0 = time.perf_counter()
-    try:
-      result = runs[part]()
-    except Exception:  # the next parts still run: a lease may not come again
-      traceback.print_exc()
-      failed.append(part)
-      continue
+  earlier = report["parts"].get("3", {}).get("rows", [])
+  t0 = time.perf_counter()
+
+  def save(part: str, result: dict) -> None:
+    if part == "3":  # objectives this run did not redo keep their earlier rows
+      done = {r["objective"] for r in result["rows"]}
+      result["rows"] = [r for r in earlier if r["objective"] not in done] + result["rows"]
     report["parts"][part] = {**result, "part_wall_s": time.perf_counter() - t0,
                              "command": report["meta"]["command"],
                              "started_utc": report["meta"]["started_utc"]}
     write(report, out)
+
+  runs = {"1": lambda: part_slot_cost(plan, log), "2": lambda: part_decode(plan, out, log),
+          "3": lambda: part_train(plan, log, lambda r: save("3", {**r, "partial": True})),
+          "4": lambda: part_family(plan, out, log)}
+  failed = []
+  for part in sorted(set(args.parts.split(","))):
+    t0 = time.perf_counter()
+    try:
+      save(part, runs[part]())
+    except Exception:  # the next parts still run: a lease may not come again
+      traceback.print_exc()
+      failed.append(part)
+      continue
     log(f"[{part}] done in {report['parts'][part]['part_wall_s']:.1f} s; wrote {out}/report.*")
   log("\n" + markdown(report))
   if failed:

@@ -228,11 +228,13 @@ def slot_widths(slots=SLOTS, tidar_k=TIDAR_K) -> list[tuple[int, str, int]]:
 
 
 def slot_costs(model, cache_len: int, repeats: int, batch: int = 1, widths=None,
-               progress: bool = True) -> list[dict]:
+               progress: bool = True, inner: int = 1) -> list[dict]:
   """Seconds of a k-slot forward over a cache of `batch` rows holding `cache_len` tokens, each
   width of `widths` (default `slot_widths()`; the first is the one-token reference): best of
   `repeats` rounds, each round timing every width once (so a burst of load from other jobs
-  on the machine hits all widths alike, not one)."""
+  on the machine hits all widths alike, not one). `inner` > 1 times a loop of that many
+  forwards in one program and divides: device time without the per-call dispatch (a decode
+  loop runs inside one program too; on an accelerator dispatch is as long as a forward)."""
   import jax
   import jax.numpy as jnp
   from tqdm import tqdm
@@ -244,7 +246,11 @@ def slot_costs(model, cache_len: int, repeats: int, batch: int = 1, widths=None,
   widths = widths or slot_widths()
   cache = init_cache(model.cfg, batch, cache_len + max(w for w, _, _ in widths))
   cache = cache.replace(lengths=jnp.full((batch,), cache_len, jnp.int32))
-  forward = jax.jit(lambda f, tok, pos, mask, c: f(tok, pos, mask, c))
+  def loop(f, tok, pos, mask, c):
+    def body(i, acc):  # tokens vary with i, so XLA cannot hoist the forward out of the loop
+      return acc + f(tok + i % 2, pos, mask, c)[0].max().astype(jnp.float32)
+    return jax.lax.fori_loop(0, inner, body, jnp.float32(0))
+  forward = jax.jit(loop)
   calls, rows = [], []
   bar = lambda it, desc: tqdm(it, desc=desc, file=sys.stdout, disable=not progress)
   for width, kind, k in bar(widths, "slot cost: compile"):
@@ -259,7 +265,7 @@ def slot_costs(model, cache_len: int, repeats: int, batch: int = 1, widths=None,
                  "compile_and_first_s": time.perf_counter() - t0})
   best = [float("inf")] * len(calls)
   for _ in bar(range(repeats), "slot cost: rounds"):
-    best = [min(b, best_of(c, 1)) for b, c in zip(best, calls)]
+    best = [min(b, best_of(c, 1) / inner) for b, c in zip(best, calls)]
   one = best[0]
   return [{**r, "forward_ms": b * 1e3, "vs_one_token": b / one} for r, b in zip(rows, best)]
 

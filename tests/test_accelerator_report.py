@@ -10,8 +10,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import accelerator_report as report_mod  # noqa: E402
 FAMILY = ["tiny_ar", "jacobi_forcing_r1", "tidar_continual", "deer_drafter_stage1",
           "deer_drafter", "ar_drafter"]
+
+
+@pytest.mark.fast
+def test_trace_summary_counts_overlapping_kernels_once():
+  meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}}]
+  meta += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_name", "args": {"name": n}}
+           for t, n in ((1, "Stream #1"), (2, "Stream #2"), (3, "XLA Ops"))]
+  x = lambda pid, tid, ts, dur, name: {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+                                       "name": name}
+  events = [x(1, 1, 0, 10, "gemm"), x(1, 2, 5, 10, "fusion"), x(1, 1, 30, 10, "gemm"),
+            x(1, 3, 0, 40, "op"), x(2, 9, 0, 100, "python")]
+  s = report_mod.trace_summary({"traceEvents": meta + events})
+  # streams only: [0, 15] and [30, 40] busy over a 40 us span; the op row and host ignored
+  assert s["device_events"] == 3 and s["busy_ms"] == 25e-3 and s["span_ms"] == 40e-3
+  assert [k["name"] for k in s["top_kernels"]] == ["gemm", "fusion"]
+  assert report_mod.trace_summary({"traceEvents": meta[1:2]}) == {"device_events": 0}
 
 
 @pytest.mark.slow
@@ -32,6 +51,8 @@ def test_report_micro_all_parts(tmp_path):
 
   slots = parts["1"]["rows"]
   assert {r["shape"] for r in slots} == {"micro", "micro-wide"}
+  assert {r["cache_len"] for r in slots} == {16, 64} and parts["1"]["errors"] == []
+  assert len(report_mod.cache_shares(parts["1"])) == 2  # the short cache's widths 1, 4
   for r in slots:  # each (shape, batch) curve is relative to its own one-slot forward
     assert r["forward_ms"] > 0
     if r["slots"] == 1:
@@ -45,6 +66,11 @@ def test_report_micro_all_parts(tmp_path):
   assert next(r for r in decode if r["method"] == "prompt_lookup")["tokens_per_forward"] > 1.0
   hf = [r for r in parts["2"]["rows"] if r["method"] == "transformers generate"]
   assert hf and all("skipped" in r or r["same_tokens_as_paraflax_ar"] == 1.0 for r in hf)
+
+  profile = parts["2"]["profile"]  # one traced call per decoder, its trace kept
+  assert [r["method"] for r in profile] == ["ar", "jacobi", "prompt_lookup", "speculative"]
+  assert all(r["forwards"] >= 1 and r["wall_ms"] > 0 for r in profile)
+  assert all((tmp_path / f"profile_{r['method']}.json.gz").stat().st_size > 0 for r in profile)
 
   train = parts["3"]["rows"]
   assert train and all(r.get("finite") and r["tokens_per_second"] > 0 for r in train), train

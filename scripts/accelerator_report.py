@@ -545,7 +545,8 @@ def markdown(report: dict) -> str:
         busy = r.get("busy_ms") and per(r["busy_ms"])
         share = r.get("busy_share") and 100 * r["busy_share"]
         lines.append(f"| {r['method']} | {r['forwards']} | {r['wall_ms']:.1f} | "
-                     f"{per(r['wall_ms']):.3f} | {fmt(busy, '.3f')} | {fmt(share, '.0f')}{'%' * bool(share)} | "
+                     f"{per(r['wall_ms']):.3f} | {fmt(busy, '.3f')} | "
+                     f"{fmt(share, '.0f')}{'%' * bool(share)} | "
                      f"{top or '(no device events: CPU)'} |")
     lines.append("")
   if "3" in parts:

@@ -87,7 +87,7 @@ class Plan:
       d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=384))
   objectives: tuple = tuple(smoke.CONFIGS)  # part 3
   train_seq_len: int = 4096
-  attention: str | None = None  # ModelConfig.attention of the steps (None: the config's, auto)
+  attention: str | None = None  # parts 1, 3: ModelConfig.attention (None: the config's, auto)
   train_steps: int = 5  # timed steps (best of)
   family_model: dict = dataclasses.field(default_factory=lambda: dict(FAMILY_MODEL))
   family_steps: dict = dataclasses.field(default_factory=lambda: dict(FAMILY_STEPS))
@@ -137,7 +137,8 @@ def part_slot_cost(plan: Plan, log) -> dict:
   for i, (shape, cache_len, widths) in enumerate(sweeps):
     if i == 0 or shape != sweeps[i - 1][0]:
       del model
-      model = smoke.random_model(model_config(shape, "bfloat16"))
+      model = smoke.random_model(model_config(shape, "bfloat16", **(
+          {"attention": plan.attention} if plan.attention else {})))
     for b in plan.batches:
       try:
         sweep = smoke.slot_costs(model, cache_len, plan.repeats, b, widths, progress=False,
@@ -264,9 +265,10 @@ def profiled(fn, where: Path, name: str) -> dict:
           **summary}
 
 
-def part_decode(plan: Plan, out: Path, log) -> dict:
+def part_decode(plan: Plan, out: Path, log, partial=lambda result: None) -> dict:
   """Every training-free decoder against AR (`run_bench`) and transformers' `generate`, on
-  random float32 weights round-tripped through a Hugging Face dir."""
+  random float32 weights round-tripped through a Hugging Face dir; `partial` gets the rows
+  so far after each batch size."""
   import jax
   import paraflax as pf
   from paraflax import decoders
@@ -285,7 +287,8 @@ def part_decode(plan: Plan, out: Path, log) -> dict:
                     "n<=3 k=8, repetitive prompts"),
              Method("speculative", decoders.Speculative(4), "k=4, random drafter",
                     draft_model=drafter)]
-  rows = []
+  rows, head = [], {"shape": plan.shape, "dtype": "float32", "prompt_len": plan.prompt_len,
+                    "rounds": plan.rounds, "new_tokens": plan.new_tokens}
   with jax.default_matmul_precision("highest"):  # float32 matmuls: greedy exactness holds
     for b in plan.batches:
       prompts = repetitive_prompts(plan.rounds * b, plan.prompt_len, cfg.vocab_size)
@@ -308,6 +311,7 @@ def part_decode(plan: Plan, out: Path, log) -> dict:
         hf["paraflax_ar_speedup"] = ar_tps / hf["tokens_per_second"]
       rows.append({"batch": b, "method": "transformers generate", **hf})
       log(f"[2] batch {b} transformers generate: {hf}")
+      partial({**head, "rows": rows})
     b = plan.batches[0]  # the profile: where each decoder's step time goes
     prompts = repetitive_prompts(b, plan.prompt_len, cfg.vocab_size)
     profile = [profiled(lambda m=m: pf.generate(model, prompts, m.decoder, plan.profile_tokens,
@@ -316,9 +320,7 @@ def part_decode(plan: Plan, out: Path, log) -> dict:
                for m in [Method("ar", decoders.AR()), *methods]]
     for r in profile:
       log(f"[2] profile batch {b} {r['method']}: {json.dumps(r)[:400]}")
-  return {"shape": plan.shape, "dtype": "float32", "prompt_len": plan.prompt_len,
-          "rounds": plan.rounds, "new_tokens": plan.new_tokens, "hf_dir": str(hf_dir),
-          "rows": rows, "profile_batch": b, "profile_tokens": plan.profile_tokens,
+  return {**head, "rows": rows, "profile_batch": b, "profile_tokens": plan.profile_tokens,
           "profile": profile}
 
 
@@ -704,19 +706,28 @@ def main(argv=None) -> int:
   log = lambda s: print(s, flush=True)
   log(f"device {report['meta']['device_kind']} ({report['meta']['platform']}), "
       f"JAX {report['meta']['jax']}")
-  earlier = report["parts"].get("3", {}).get("rows", [])
+  earlier = {k: report["parts"].get(k, {}) for k in ("1", "3")}
   t0 = time.perf_counter()
 
   def save(part: str, result: dict) -> None:
+    if part == "1":  # sweeps (shape, cache, batch) this run did not redo keep their rows
+      key = lambda r: f"{r['shape']} cache {r['cache_len']} batch {r['batch']}"
+      done = {key(r) for r in result["rows"]} | {e.split(":")[0] for e in result["errors"]}
+      rows = [r for r in earlier["1"].get("rows", []) if key(r) not in done] + result["rows"]
+      result["rows"] = sorted(rows, key=lambda r: (r["shape"], -r["cache_len"], r["batch"]))
+      result["errors"] = [e for e in earlier["1"].get("errors", [])
+                          if e.split(":")[0] not in done] + result["errors"]
     if part == "3":  # objectives this run did not redo keep their earlier rows
       done = {r["objective"] for r in result["rows"]}
-      result["rows"] = [r for r in earlier if r["objective"] not in done] + result["rows"]
+      result["rows"] = [r for r in earlier["3"].get("rows", []) if r["objective"] not in done] \
+          + result["rows"]
     report["parts"][part] = {**result, "part_wall_s": time.perf_counter() - t0,
                              "command": report["meta"]["command"],
                              "started_utc": report["meta"]["started_utc"]}
     write(report, out)
 
-  runs = {"1": lambda: part_slot_cost(plan, log), "2": lambda: part_decode(plan, out, log),
+  runs = {"1": lambda: part_slot_cost(plan, log),
+          "2": lambda: part_decode(plan, out, log, lambda r: save("2", {**r, "partial": True})),
           "3": lambda: part_train(plan, log, lambda r: save("3", {**r, "partial": True})),
           "4": lambda: part_family(plan, out, log)}
   failed = []

@@ -41,6 +41,21 @@ def check(name: str) -> None:
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {name!r}")
 
 
+def triton_ok(jax_version: str, tokamax_version: str | None) -> bool:
+  """Whether tokamax's Triton kernel runs with these versions: tokamax <= 0.0.12 calls
+  `pl.dot`, which JAX 0.11 removed (an AttributeError at trace time, seen on an H100)."""
+  num = lambda v: tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
+  return tokamax_version is None or num(jax_version) < (0, 11) or num(tokamax_version) > (0, 0, 12)
+
+
+def _tokamax_version() -> str | None:
+  from importlib.metadata import PackageNotFoundError, version
+  try:
+    return version("tokamax")
+  except PackageNotFoundError:
+    return None
+
+
 def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows: int = 0,
             cached: bool = False) -> str | tuple[str, ...]:
   """The implementation that setting `name` stands for: static (backend, dtype, the model's
@@ -51,7 +66,8 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
   (2) a model with max_seq_len <= `DENSE_MAX_LEN` runs "xla"; (3) on CPU or with float32
   compute "xla_chunked" (float32 exactness, DESIGN invariant 1, needs a path that honours
   the matmul precision); (4) on GPU / TPU with 16-bit compute the backend's kernel
-  ("triton" / "mosaic"), falling back to "xla_chunked" for a shape the kernel declines.
+  ("triton" / "mosaic"), falling back to "xla_chunked" for a shape the kernel declines;
+  "xla_chunked" on GPU where the installed tokamax's Triton kernel cannot run (`triton_ok`).
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
@@ -65,7 +81,10 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
     return "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla_chunked"
-  return ("mosaic" if backend == "tpu" else "triton", "xla_chunked")
+  if backend == "tpu":
+    return ("mosaic", "xla_chunked")
+  return ("triton", "xla_chunked") if triton_ok(jax.__version__, _tokamax_version()) \
+      else "xla_chunked"
 
 
 def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str = "xla",

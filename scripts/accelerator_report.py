@@ -219,8 +219,9 @@ def hf_generate(hf_dir: Path, prompts, batch: int, new: int) -> dict:
 
 def trace_summary(trace: dict) -> dict:
   """Device time in a Chrome/perfetto trace (`jax.profiler`): the span from the first to the
-  last device event, the time some kernel ran (union over streams) and the kernels that took
-  most of it. No device process (a CPU backend): {"device_events": 0}."""
+  last device event, the time some kernel ran (union over streams), the idle gaps over 50 us
+  (host round trips) and the kernels that took most of it. No device process (a CPU
+  backend): {"device_events": 0}."""
   events = trace["traceEvents"]
   meta = lambda kind: {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
                        if e.get("ph") == "M" and e.get("name") == kind}
@@ -232,8 +233,9 @@ def trace_summary(trace: dict) -> dict:
   if not kernels:
     return {"device_events": 0}
   spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
-  busy, end = 0.0, spans[0][0]
+  busy, end, gaps = 0.0, spans[0][0], []
   for a, b in spans:
+    gaps += [a - end] if a - end > 50 else []
     busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
   totals: dict[str, float] = {}
   for e in kernels:
@@ -241,6 +243,7 @@ def trace_summary(trace: dict) -> dict:
   top = sorted(totals.items(), key=lambda kv: -kv[1])[:8]
   return {"device_events": len(kernels), "span_ms": (end - spans[0][0]) / 1e3,
           "busy_ms": busy / 1e3, "busy_share": busy / max(end - spans[0][0], 1e-9),
+          "long_gaps": len(gaps), "long_gaps_ms": sum(gaps) / 1e3,
           "top_kernels": [{"name": n[:80], "ms": t / 1e3, "share": t / busy} for n, t in top]}
 
 
@@ -278,6 +281,7 @@ def part_decode(plan: Plan, out: Path, log, partial=lambda result: None) -> dict
   cfg = model_config(plan.shape, "float32")
   hf_dir = out / "hf_random"
   pf.export_hf(smoke.random_model(cfg), hf_dir)
+  os.sync()  # the 2 GB write-back would otherwise run on the host during the first timings
   model = load_hf(hf_dir, dtype="float32")
   drafter = smoke.random_model(ModelConfig(
       vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len, tie_embeddings=True,
@@ -292,7 +296,9 @@ def part_decode(plan: Plan, out: Path, log, partial=lambda result: None) -> dict
   with jax.default_matmul_precision("highest"):  # float32 matmuls: greedy exactness holds
     for b in plan.batches:
       prompts = repetitive_prompts(plan.rounds * b, plan.prompt_len, cfg.vocab_size)
-      for r in run_bench(model, prompts, methods, max_new_tokens=plan.new_tokens,
+      # AR timed again last: the spread of the two AR rows is the timing's own noise
+      again = Method("ar_again", decoders.AR(), "greedy, timed last")
+      for r in run_bench(model, prompts, [*methods, again], max_new_tokens=plan.new_tokens,
                          batch_size=b, eos_id=None):
         rows.append({"batch": b, "prompts": len(prompts), **dataclasses.asdict(r),
                      "conversion_efficiency": r.speedup_vs_ar / r.tokens_per_forward})

@@ -29,6 +29,9 @@ def test_trace_summary_counts_overlapping_kernels_once():
   s = report_mod.trace_summary({"traceEvents": meta + events})
   # streams only: [0, 15] and [30, 40] busy over a 40 us span; the op row and host ignored
   assert s["device_events"] == 3 and s["busy_ms"] == 25e-3 and s["span_ms"] == 40e-3
+  assert s["long_gaps"] == 0  # the 15 us gap is under the 50 us of a host round trip
+  events.append(x(1, 1, 100, 10, "gemm"))
+  assert report_mod.trace_summary({"traceEvents": meta + events})["long_gaps_ms"] == 60e-3
   assert [k["name"] for k in s["top_kernels"]] == ["gemm", "fusion"]
   assert report_mod.trace_summary({"traceEvents": meta[1:2]}) == {"device_events": 0}
 
@@ -59,7 +62,8 @@ def test_report_micro_all_parts(tmp_path):
       assert r["vs_one_token"] == 1.0
 
   decode = [r for r in parts["2"]["rows"] if r["method"] != "transformers generate"]
-  assert {r["method"] for r in decode} == {"ar", "jacobi", "prompt_lookup", "speculative"}
+  assert [r["method"] for r in decode] == ["ar", "jacobi", "prompt_lookup", "speculative",
+                                           "ar_again"]
   assert all(r["exact_match_vs_ar"] == 1.0 for r in decode)
   assert all(r["tokens_per_forward"] >= 1.0 for r in decode)
   # the repetitive prompts are prompt lookup's case: it drafts something that is accepted

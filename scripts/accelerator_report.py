@@ -699,6 +699,32 @@ def plan_of(args) -> Plan:
   return dataclasses.replace(plan, **sets)
 
 
+def merge_part(part: str, result: dict, earlier: dict) -> dict:
+  """`result` with what an `earlier` run of the same part measured and this one did not redo:
+  part 1's sweeps (shape, cache, batch), part 2's batch sizes (and its profile), part 3's
+  objectives. Part 4 is replaced whole."""
+  result = dict(result)
+  if part == "1":
+    key = lambda r: f"{r['shape']} cache {r['cache_len']} batch {r['batch']}"
+    done = {key(r) for r in result["rows"]} | {e.split(":")[0] for e in result["errors"]}
+    rows = [r for r in earlier.get("rows", []) if key(r) not in done] + result["rows"]
+    result["rows"] = sorted(rows, key=lambda r: (r["shape"], -r["cache_len"], r["batch"]))
+    result["errors"] = [e for e in earlier.get("errors", [])
+                        if e.split(":")[0] not in done] + result["errors"]
+  if part == "2":
+    done = {r["batch"] for r in result["rows"]}
+    result["rows"] = [r for r in earlier.get("rows", []) if r["batch"] not in done] \
+        + result["rows"]
+    for k in ("profile", "profile_batch", "profile_tokens"):
+      if k not in result and k in earlier:
+        result[k] = earlier[k]
+  if part == "3":
+    done = {r["objective"] for r in result["rows"]}
+    result["rows"] = [r for r in earlier.get("rows", []) if r["objective"] not in done] \
+        + result["rows"]
+  return result
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parse(argv)
@@ -712,21 +738,11 @@ def main(argv=None) -> int:
   log = lambda s: print(s, flush=True)
   log(f"device {report['meta']['device_kind']} ({report['meta']['platform']}), "
       f"JAX {report['meta']['jax']}")
-  earlier = {k: report["parts"].get(k, {}) for k in ("1", "3")}
+  earlier = dict(report["parts"])
   t0 = time.perf_counter()
 
   def save(part: str, result: dict) -> None:
-    if part == "1":  # sweeps (shape, cache, batch) this run did not redo keep their rows
-      key = lambda r: f"{r['shape']} cache {r['cache_len']} batch {r['batch']}"
-      done = {key(r) for r in result["rows"]} | {e.split(":")[0] for e in result["errors"]}
-      rows = [r for r in earlier["1"].get("rows", []) if key(r) not in done] + result["rows"]
-      result["rows"] = sorted(rows, key=lambda r: (r["shape"], -r["cache_len"], r["batch"]))
-      result["errors"] = [e for e in earlier["1"].get("errors", [])
-                          if e.split(":")[0] not in done] + result["errors"]
-    if part == "3":  # objectives this run did not redo keep their earlier rows
-      done = {r["objective"] for r in result["rows"]}
-      result["rows"] = [r for r in earlier["3"].get("rows", []) if r["objective"] not in done] \
-          + result["rows"]
+    result = merge_part(part, result, earlier.get(part, {}))
     report["parts"][part] = {**result, "part_wall_s": time.perf_counter() - t0,
                              "command": report["meta"]["command"],
                              "started_utc": report["meta"]["started_utc"]}

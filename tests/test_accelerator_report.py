@@ -36,6 +36,25 @@ def test_trace_summary_counts_overlapping_kernels_once():
   assert report_mod.trace_summary({"traceEvents": meta[1:2]}) == {"device_events": 0}
 
 
+@pytest.mark.fast
+def test_merge_part_keeps_what_a_run_did_not_redo():
+  one = lambda shape, cache, b, k: {"shape": shape, "cache_len": cache, "batch": b, "slots": k}
+  earlier = {"rows": [one("a", 64, 1, 1), one("a", 64, 8, 1), one("b", 64, 1, 1)],
+             "errors": ["a cache 64 batch 8: boom", "c cache 64 batch 1: boom"]}
+  new = report_mod.merge_part("1", {"rows": [one("a", 64, 8, 1)], "errors": []}, earlier)
+  assert new["rows"] == [one("a", 64, 1, 1), one("a", 64, 8, 1), one("b", 64, 1, 1)]
+  assert new["errors"] == ["c cache 64 batch 1: boom"]  # the redone sweep's error is gone
+  earlier = {"rows": [{"batch": 1, "method": "ar"}, {"batch": 8, "method": "ar", "x": 0}],
+             "profile": ["p1"], "profile_batch": 1, "profile_tokens": 64}
+  new = report_mod.merge_part("2", {"rows": [{"batch": 8, "method": "ar", "x": 1}]}, earlier)
+  assert new["rows"] == [{"batch": 1, "method": "ar"}, {"batch": 8, "method": "ar", "x": 1}]
+  assert new["profile"] == ["p1"]  # a run cut before its profile keeps the earlier one
+  new = report_mod.merge_part("3", {"rows": [{"objective": "ar", "s": 2}]},
+                              {"rows": [{"objective": "ar", "s": 1}, {"objective": "tidar"}]})
+  assert new["rows"] == [{"objective": "tidar"}, {"objective": "ar", "s": 2}]
+  assert report_mod.merge_part("4", {"rows": []}, {"rows": [1]}) == {"rows": []}
+
+
 @pytest.mark.slow
 def test_report_micro_all_parts(tmp_path):
   # as a user runs it; XLA's cheapest compiles: the micro programs are all compile time

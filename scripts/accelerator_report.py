@@ -104,7 +104,7 @@ class Plan:
 MICRO = Plan(shape="micro", big_shape="micro-wide", cache_len=64, short_cache=16,
              short_slots=(1, 4), inner=2, slots=(1, 4), tidar_k=(2,),
              big_slots=(1, 4), batches=(2,), repeats=2, prompt_len=16, rounds=1,
-             new_tokens=16, profile_tokens=8,
+             new_tokens=16, profile_tokens=16,  # the profile reuses the bench's programs
              drafter=dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32),
              objectives=("tidar",), train_seq_len=64, train_steps=2,
              family_model=dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64),

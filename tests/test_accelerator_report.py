@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import accelerator_report as report_mod  # noqa: E402
+from conftest import ENVIRON, background_job, background_result  # noqa: E402
+
 FAMILY = ["tiny_ar", "jacobi_forcing_r1", "tidar_continual", "deer_drafter_stage1",
           "deer_drafter", "ar_drafter"]
 
@@ -55,16 +57,26 @@ def test_merge_part_keeps_what_a_run_did_not_redo():
   assert report_mod.merge_part("4", {"rows": []}, {"rows": [1]}) == {"rows": []}
 
 
-@pytest.mark.slow
-def test_report_micro_all_parts(tmp_path):
-  # as a user runs it; XLA's cheapest compiles: the micro programs are all compile time
-  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
-                                    "--xla_llvm_disable_expensive_passes=true",
-         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-  proc = subprocess.run([sys.executable, "scripts/accelerator_report.py", "--micro", "--out",
-                         str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+def run_micro(out: Path) -> subprocess.CompletedProcess:
+  """The script at micro shapes as a user runs it, with XLA's cheapest compiles (the micro
+  programs are all compile time)."""
+  env = {**ENVIRON, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
+                                 "--xla_llvm_disable_expensive_passes=true",
+         "PYTHONPATH": os.pathsep.join([str(ROOT), ENVIRON.get("PYTHONPATH", "")])}
+  return subprocess.run([sys.executable, "scripts/accelerator_report.py", "--micro", "--out",
+                         str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=600)
+
+
+# (a subprocess started early in the background: conftest.background_job)
+background_job(__file__, "test_report_micro_all_parts", run_micro)
+
+
+@pytest.mark.slow
+def test_report_micro_all_parts(request, tmp_path):
+  proc = background_result(request, tmp_path)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  tmp_path = Path(proc.args[proc.args.index("--out") + 1])  # the job's own directory
   report = json.loads((tmp_path / "report.json").read_text())
   parts = report["parts"]
   assert sorted(parts) == ["1", "2", "3", "4"]

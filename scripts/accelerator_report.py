@@ -494,6 +494,11 @@ def fmt(x, spec=".2f") -> str:
   return "-" if x is None else format(x, spec)
 
 
+def pct(x, spec=".0f") -> str:
+  """A fraction as a percentage; "-" when there is none."""
+  return "-" if x is None else f"{100 * x:{spec}}%"
+
+
 def markdown(report: dict) -> str:
   """The report's tables."""
   m, parts = report["meta"], report["parts"]
@@ -518,7 +523,7 @@ def markdown(report: dict) -> str:
                 "| shape | batch | slots | ms, short cache | ms, long cache | cache share |",
                 "|---|---|---|---|---|---|"]
       lines += [f"| {r['shape']} | {r['batch']} | {r['slots']} | {r['short_ms']:.3f} | "
-                f"{r['long_ms']:.3f} | {100 * r['cache_share']:.0f}% |" for r in shares]
+                f"{r['long_ms']:.3f} | {pct(r['cache_share'])} |" for r in shares]
     lines += ["", *(f"Failed: {e}" for e in p.get("errors", [])), ""]
   if "2" in parts:
     p = parts["2"]
@@ -548,14 +553,12 @@ def markdown(report: dict) -> str:
                 "|---|---|---|---|---|---|---|"]
       for r in p["profile"]:
         per = lambda ms: ms / max(r["forwards"], 1)
-        top = "; ".join(f"{k['name'][:40]} {100 * k['share']:.0f}%"
+        top = "; ".join(f"{k['name'][:40]} {pct(k['share'])}"
                         for k in r.get("top_kernels", [])[:4])
         busy = r.get("busy_ms") and per(r["busy_ms"])
-        share = r.get("busy_share") and 100 * r["busy_share"]
         lines.append(f"| {r['method']} | {r['forwards']} | {r['wall_ms']:.1f} | "
                      f"{per(r['wall_ms']):.3f} | {fmt(busy, '.3f')} | "
-                     f"{fmt(share, '.0f')}{'%' * bool(share)} | "
-                     f"{top or '(no device events: CPU)'} |")
+                     f"{pct(r.get('busy_share'))} | {top or '(no device events: CPU)'} |")
     lines.append("")
   if "3" in parts:
     p = parts["3"]
@@ -571,8 +574,8 @@ def markdown(report: dict) -> str:
         continue
       lines.append(f"| {r['objective']} | {r['seq_len']} | {r['remat']}, {r['scan_layers']} | "
                    f"{r['compile_s']:.1f} | {r['step_s_best']:.3f} | "
-                   f"{r['tokens_per_second']:.0f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
-                   f"{'%' if r['mfu'] else ''} | {r['xla_total_gib']:.2f} |")
+                   f"{r['tokens_per_second']:.0f} | {pct(r['mfu'], '.1f')} | "
+                   f"{r['xla_total_gib']:.2f} |")
     lines.append("")
   if "4" in parts:
     p = parts["4"]

@@ -1,4 +1,4 @@
-"""DEER drafters against the small AR drafter on equal supervision (README, DEER section).
+"""DEER drafters against the small AR drafter on equal supervision (docs/methods/speculative.md).
 
   python scripts/drafter_comparison.py --teacher ~/.cache/paraflax/deer/teacher \
       [--drafter NAME WORKDIR CONFIGS ...] [--json FILE]

@@ -1,5 +1,5 @@
 """Tokens per forward of Jacobi, MR under both recycling rules, and prompt lookup, on the base
-and the Jacobi Forcing weights (README, "Jacobi decoding and Jacobi Forcing").
+and the Jacobi Forcing weights (docs/methods/jacobi.md).
 
     python scripts/mr_rules.py --base checkpoints/tiny_ar --jf checkpoints/jacobi_forcing_r1
 

@@ -8,7 +8,7 @@ import inspect
 import json
 import sys
 
-from paraflax.evaluation.methods import DECODERS
+from paraflax import methods
 from paraflax.paths import CACHE, CONFIGS
 
 
@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-k", type=int, default=0)
   g.add_argument("--top-p", type=float, default=1.0)
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--decoder", default="ar", metavar="NAME", help=f"one of {', '.join(DECODERS)}")
+  g.add_argument("--decoder", default="ar", metavar="NAME",
+                 help=f"one of {', '.join(methods.names())}")
   g.add_argument("--block-size", type=int, metavar="N", help="tokens per step: Jacobi block, "
                  "drafts of tidar, speculative, deer, prompt-lookup (default: the bench's)")
   g.add_argument("--ngram", type=int, metavar="N", help="prompt-lookup: longest n-gram "

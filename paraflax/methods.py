@@ -11,7 +11,7 @@ bench's defaults, the draft model it needs and its kind (`generate` or `infill`)
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from paraflax import decoders, sampling
 

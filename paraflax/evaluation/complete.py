@@ -10,9 +10,9 @@ import time
 
 import jax
 
+from paraflax import methods
 from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
-from paraflax import methods
 from paraflax.evaluation.methods import sampler_from_flags
 from paraflax.loading import load_drafter, load_model, shared_vocab
 from paraflax.paths import model_dirs

@@ -118,6 +118,7 @@ def run(plan: TrainPlan, add, log) -> list[str]:
   unknown = [o for o in plan.objectives if o not in RECIPES]
   if unknown:
     raise ValueError(f"unknown objective {unknown[0]!r}: pick from {', '.join(RECIPES)}")
+  shape_fields(plan.shape)  # an unknown shape: one line before any work
   device = jax.devices()[0].device_kind
   max_gib = plan.max_gib or memory_limit_gib()
   errors = []

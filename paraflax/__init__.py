@@ -1,6 +1,6 @@
 """paraflax: exact, batched, compile-once parallel decoding for language models."""
 
-from paraflax import decoders, distributed, masks, sampling, sharding, verify
+from paraflax import decoders, distributed, masks, methods, sampling, sharding, verify
 from paraflax.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.config import ModelConfig, RopeScaling
 from paraflax.decoding.core import generate_fn
@@ -18,6 +18,6 @@ __all__ = [
     "Queries", "RopeScaling", "Temperature", "TopK", "TopP", "Transformer", "commit",
     "convert_hf", "decoders", "export_hf", "generate", "generate_fn", "generate_steps", "infill",
     "init_cache", "load_hf", "load_hf_tokenizer",
-    "masks", "sampling", "verify",
+    "masks", "methods", "sampling", "verify",
     "MeshConfig", "distributed", "make_mesh", "sharding",
 ]

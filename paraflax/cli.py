@@ -8,7 +8,7 @@ import inspect
 import json
 import sys
 
-from paraflax.evaluation.methods import DECODERS
+from paraflax import methods
 from paraflax.paths import CACHE, CONFIGS
 
 
@@ -39,6 +39,11 @@ def cmd_demo(args):
     raise SystemExit(f"{CONFIGS} not found: run the demo from a clone of the repository")
   demo.run(_call(suite.Models, args), _call(suite.Settings, args), cache=CACHE, quick=args.quick,
            retrain=args.retrain, ship=args.ship, steps=args.steps)
+
+
+def cmd_perf(args):
+  from paraflax.perf import cli as perf
+  return perf.run(args, args.argv)
 
 
 def _report(summary: dict) -> None:
@@ -153,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-k", type=int, default=0)
   g.add_argument("--top-p", type=float, default=1.0)
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--decoder", default="ar", metavar="NAME", help=f"one of {', '.join(DECODERS)}")
+  g.add_argument("--decoder", default="ar", metavar="NAME",
+                 help=f"one of {', '.join(methods.names())}")
   g.add_argument("--block-size", type=int, metavar="N", help="tokens per step: Jacobi block, "
                  "drafts of tidar, speculative, deer, prompt-lookup (default: the bench's)")
   g.add_argument("--ngram", type=int, metavar="N", help="prompt-lookup: longest n-gram "
@@ -222,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
   model_flags(e)
   e.add_argument("--to-hf", required=True, help="output directory")
 
+  f = command("perf", cmd_perf, "measure this device: slot cost, decode steps, training "
+              "steps (MFU), the demo family; JSON rows and markdown tables")
+  from paraflax.perf.cli import add_arguments as perf_arguments
+  perf_arguments(f)
+
   k = command("checksum", cmd_checksum, "verify a workdir's checkpoints against their "
               "checksums; write them for a checkpoint that has none (older runs)")
   k.add_argument("--workdir", required=True, help="a training workdir")
@@ -230,20 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
   args = build_parser().parse_args(argv)
+  args.argv = argv  # (perf rows name the command that measured them)
   import jax  # later runs of the same shapes skip XLA compilation (a dry run measures it)
   if not getattr(args, "dry_run", False):
     jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   try:
-    args.fn(args)
+    return args.fn(args) or 0
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
     print(f"paraflax {args.command}: error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was kept; 128 + SIGINT
     print(f"paraflax {args.command}: {e or 'interrupted'}", file=sys.stderr)
     return 130
-  return 0
 
 
 if __name__ == "__main__":

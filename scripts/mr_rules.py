@@ -12,7 +12,7 @@ import argparse
 from paraflax import decoders as d
 from paraflax.evaluation.bench import Method, run_bench
 from paraflax.evaluation.humaneval import humaneval_prompts
-from paraflax.evaluation.methods import MR_SETTINGS, mr_decoder
+from paraflax.methods import MR_SETTINGS, mr_decoder
 from paraflax.training import load_trained
 
 OLD = {"recycling": "rejected_drafts"}

@@ -10,9 +10,10 @@ import time
 
 import jax
 
+from paraflax import methods
 from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
-from paraflax.evaluation import methods
+from paraflax.evaluation.methods import sampler_from_flags
 from paraflax.loading import load_drafter, load_model, shared_vocab
 from paraflax.paths import model_dirs
 
@@ -58,11 +59,11 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
              ngram=None, draft=None, chat: bool = False, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 64):
   """([Completion], warm seconds): `prompts` (texts, or chat messages) completed in one batch by
-  the model of `workdir` or `hf` with the decoder named `decoder` (`methods.DECODERS`;
+  the model of `workdir` or `hf` with the decoder named `decoder` (`paraflax.methods`;
   speculative and deer take the drafter `draft`, a workdir or HF dir). `chat` renders texts as
   one user turn under the model's chat template. Flag errors are ValueErrors raised before any
   model loads."""
-  sampler = methods.sampler_from_flags(temperature, top_k, top_p)
+  sampler = sampler_from_flags(temperature, top_k, top_p)
   sampler.validate()
   dec = methods.decoder(decoder, sampler, block_size, ngram)
   if bool(draft) != methods.needs_drafter(decoder):

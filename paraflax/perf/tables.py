@@ -1,0 +1,113 @@
+"""Markdown tables of perf rows (`render`), and pages whose tables are rendered from perf JSON
+files (`update_page`): a region
+
+    <!-- perf: h100-2026-11-24.json decode -->
+    ...
+    <!-- /perf -->
+
+holds the tables of that file's rows (of the kinds named after it; all when none), the file
+named relative to the page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from paraflax.perf.rows import KINDS, read_rows
+from paraflax.perf.slots import cache_shares
+
+
+def fmt(x, spec: str = ".2f") -> str:
+  return "-" if x is None else format(x, spec)
+
+
+def pct(x, spec: str = ".0f") -> str:
+  return "-" if x is None else f"{100 * x:{spec}}%"
+
+
+def notes(r: dict) -> str:
+  """The row's settings that are not columns: a Python loop, a run-control variant, its note
+  (else its XLA flags)."""
+  parts = [f"loop={r['loop']}"] if r.get("loop", "while") != "while" else []
+  parts += [r["variant"]] if r.get("variant") else []
+  return "; ".join(parts + [r.get("note") or r.get("xla_flags") or ""]).strip("; ")
+
+
+COLUMNS = {
+    "slots": [("shape", lambda r: r["shape"]), ("dtype", lambda r: r["dtype"]),
+              ("cache", lambda r: r["cache_len"]), ("batch", lambda r: r["batch"]),
+              ("slots", lambda r: r["slots"]), ("mask", lambda r: r["mask"]),
+              ("forward ms", lambda r: f"{r['forward_ms']:.3f}"),
+              ("c(k)", lambda r: f"{r['vs_one_slot']:.2f}")],
+    "decode": [("shape", lambda r: r["shape"]), ("dtype", lambda r: r["dtype"]),
+               ("batch", lambda r: r["batch"]), ("decoder", lambda r: r["decoder"]),
+               ("settings", lambda r: r.get("settings", "")),
+               ("new tokens", lambda r: r["new_tokens"]),
+               ("ms/step", lambda r: fmt(r["ms_per_step"], ".3f")),
+               ("weight-read floor ms", lambda r: fmt(r.get("floor_ms"), ".3f")),
+               ("tokens/forward", lambda r: fmt(r["tokens_per_forward"])),
+               ("tokens/s", lambda r: fmt(r["tokens_per_s"], ".1f")),
+               ("speedup vs AR", lambda r: fmt(r.get("speedup_vs_ar")) + "x" * (
+                   r.get("speedup_vs_ar") is not None)),
+               ("exact vs AR", lambda r: fmt(r["exact_vs_ar"])), ("notes", notes)],
+    "train": [("shape", lambda r: r["shape"]), ("objective", lambda r: r["objective"]),
+              ("batch x tokens", lambda r: f"{r['batch']} x {r['seq_len']}"),
+              ("attention, remat, scan",
+               lambda r: f"{r['attention']}, {r['remat']}, {r['scan_layers']}"),
+              ("compile s", lambda r: fmt(r.get("compile_s"), ".1f")),
+              ("step s", lambda r: f"{r['step_s']:.3f}"),
+              ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+              ("MFU", lambda r: pct(r["mfu"], ".1f")),
+              ("XLA GiB", lambda r: fmt(r.get("xla_gib"))), ("notes", notes)],
+    "stage": [("stage", lambda r: r["stage"]), ("steps", lambda r: r["steps"]),
+              ("wall s", lambda r: f"{r['wall_s']:.1f}"),
+              ("tokens/s", lambda r: fmt(r.get("tokens_per_s"), ",.0f")),
+              ("last train loss", lambda r: fmt(r.get("train_loss"), ".3f")),
+              ("val loss", lambda r: fmt(r.get("val_loss"), ".3f"))],
+    "method": [("method", lambda r: r["method"]), ("settings", lambda r: r["settings"]),
+               ("weights", lambda r: r["weights"]),
+               ("tokens/forward", lambda r: f"{r['tokens_per_forward']:.2f}"),
+               ("tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
+               ("speedup vs AR", lambda r: f"{r['speedup_vs_ar']:.2f}x"),
+               ("exact vs AR", lambda r: fmt(r["exact_vs_ar"]))],
+}
+
+
+def table(columns, rows) -> list[str]:
+  lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+  return lines + ["| " + " | ".join(str(f(r)) for _, f in columns) + " |" for r in rows]
+
+
+def render(rows: list[dict]) -> str:
+  """The tables of `rows`: one per device and kind (the family's stages and bench apart), each
+  under the device, backend and JAX version, followed by the commands that measured it."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    part = r["kind"] if r["kind"] != "family" else ("stage" if "stage" in r else "method")
+    groups.setdefault((r["device"], r["backend"], KINDS.index(r["kind"]), part), []).append(r)
+  out = []
+  for (device, backend, _, part), rs in sorted(groups.items(), key=lambda kv: kv[0][2]):
+    jax = ", ".join(sorted({r["jax"] for r in rs}))
+    out += [f"**{part}** on {device} ({backend}), JAX {jax}", "", *table(COLUMNS[part], rs), ""]
+    if part == "slots" and (shares := cache_shares(rs)):
+      out += ["The filled cache's share of a forward, 1 - t(short cache) / t(long cache):", "",
+              *table([("shape", lambda s: s["shape"]), ("batch", lambda s: s["batch"]),
+                      ("slots", lambda s: s["slots"]),
+                      ("caches", lambda s: f"{s['short_cache']} / {s['long_cache']}"),
+                      ("ms", lambda s: f"{s['short_ms']:.3f} / {s['long_ms']:.3f}"),
+                      ("cache share", lambda s: pct(s["cache_share"]))], shares), ""]
+    commands = dict.fromkeys((r["command"], r.get("utc", "")) for r in rs)
+    out += [f"    {c}    # {utc}" if utc else f"    {c}" for c, utc in commands] + [""]
+  return "\n".join(out)
+
+
+REGION = re.compile(r"(<!-- perf: (\S+)((?: \w+)*) -->\n)(.*?)(<!-- /perf -->)", re.DOTALL)
+
+
+def update_page(text: str, folder: Path) -> str:
+  """`text` with each perf region's tables rendered again from its file under `folder`."""
+  def region(m):
+    kinds = m.group(3).split()
+    rows = [r for r in read_rows(folder / m.group(2)) if not kinds or r["kind"] in kinds]
+    return m.group(1) + "\n" + render(rows) + "\n" + m.group(5)
+  return REGION.sub(region, text)

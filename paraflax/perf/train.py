@@ -1,0 +1,153 @@
+"""`paraflax perf train`: one training step per objective at a shape, warm: step time,
+tokens/s, FLOPs per token and MFU, with the run control the step compiled with.
+
+Each objective's shipped recipe (`RECIPES`) is resized to the shape (compute in `dtype`,
+parameters float32), batch `batch` x `seq_len` tokens (halved until XLA's memory analysis
+fits the device), fed a synthetic batch of its data source (`batches.synthetic_batch`), and
+stepped by the trainer's own `jit_train_step` with `optim.optimizer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from paraflax.perf.flops import mfu, train_flops_per_token
+from paraflax.perf.shapes import attention_used, shape_fields
+
+# objective -> the recipe (configs/<name>.py) perf resizes
+RECIPES = {"ar": "tiny_ar", "jacobi_forcing": "jacobi_forcing_r1", "tidar": "tidar_scratch",
+           "deer_stage1": "deer_drafter_stage1", "deer_stage2": "deer_drafter", "asarm": "asarm"}
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+  shape: str = "qwen2.5-0.5b"
+  layers: int | None = None
+  dtype: str = "bfloat16"  # compute; parameters stay float32
+  objectives: tuple = tuple(RECIPES)
+  batch: int = 1
+  seq_len: int = 4096  # halved until the step fits (not below 256)
+  steps: int = 5  # timed steps (best of)
+  attention: str | None = None  # run control; None: the recipe's ("auto")
+  remat: str | None = None
+  scan_layers: bool | str | None = None
+  max_gib: float | None = None  # a step needing more is not run (None: the device's memory)
+
+
+def recipe(objective: str, plan: TrainPlan, seq_len: int):
+  """The objective's recipe at the plan's shape, batch, `seq_len` and run control."""
+  from paraflax.paths import CONFIGS
+  from paraflax.training.config import apply_overrides, load_config
+  control = {"attention": plan.attention, "remat": plan.remat, "scan_layers": plan.scan_layers}
+  sets = {f"model.{k}": v for k, v in shape_fields(plan.shape, plan.layers).items()}
+  sets.update({"model.dtype": plan.dtype, "model.param_dtype": "float32",
+               "data.seq_len": seq_len, "data.batch_size": plan.batch,
+               **{f"model.{k}": v for k, v in control.items() if v is not None}})
+  return apply_overrides(load_config(CONFIGS / f"{RECIPES[objective]}.py"), sets)
+
+
+def run_control(cfg) -> dict:
+  """The run control a training step of `cfg` compiles with, "auto" resolved."""
+  from paraflax.model import remat_policy, scans
+  from paraflax.training.head_loss import chunk_size
+  d = cfg.data
+  return {"attention": attention_used(cfg.model, cfg.data.seq_len, cached=False),
+          "remat": remat_policy(cfg.model),
+          "scan_layers": scans(cfg.model, cached=False),
+          "loss_chunk": chunk_size(cfg.model.loss_chunk, d.batch_size, d.seq_len,
+                                   cfg.model.vocab_size)}
+
+
+def memory_limit_gib() -> float:
+  """Memory one step may use: the device's limit, or half this host's RAM on a CPU."""
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return stats["bytes_limit"] / GIB
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 / GIB
+
+
+def measure_step(cfg, steps: int, max_gib: float) -> dict:
+  """Init, compile and run `steps` training steps of `cfg` on a synthetic batch: the figures
+  (`step_s`: the fastest step), or {"skipped": why} when XLA needs more than `max_gib`."""
+  import jax
+
+  from paraflax.perf.batches import synthetic_batch
+  from paraflax.training import optim
+  from paraflax.training.dry_run import memory_report
+  from paraflax.training.objectives import objective
+  from paraflax.training.step import init_opt_state, init_params, jit_train_step
+  graphdef, params = init_params(cfg.model, seed=0)
+  tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
+  opt_state = jax.block_until_ready(init_opt_state(tx, params))
+  batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(cfg).items()}
+  key = jax.random.key(0)
+  step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx)
+  t0 = time.perf_counter()
+  compiled = step.lower(params, opt_state, batch, key).compile()
+  report = {"params": int(sum(x.size for x in jax.tree.leaves(params))),
+            "compile_s": time.perf_counter() - t0}
+  need = memory_report(compiled).get("total_bytes", 0) / GIB
+  report["xla_gib"] = need
+  if need > max_gib:
+    return {**report, "skipped": f"XLA needs {need:.1f} GiB > {max_gib:.1f}"}
+  before = [np.asarray(x.ravel()[:256]) for x in jax.tree.leaves(params)]
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    params, opt_state, metrics = jax.block_until_ready(compiled(params, opt_state, batch, key))
+    times.append(time.perf_counter() - t0)
+    if len(times) == 1:  # the first step's effect: parameters moved, loss and grad norm
+      moved = sum(not np.array_equal(a, np.asarray(x.ravel()[:256]))
+                  for a, x in zip(before, jax.tree.leaves(params)))
+      first = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  return {**report, "step_s": min(times), "first_step_s": times[0], "loss": first["loss"],
+          "grad_norm": first["grad_norm"], "params_moved": f"{moved}/{len(before)}",
+          "finite": bool(np.isfinite(first["loss"]) and np.isfinite(first["grad_norm"]))}
+
+
+def run(plan: TrainPlan, add, log) -> list[str]:
+  """One row per objective (`add` takes each as it is measured); the errors of the
+  objectives that failed or fit at no length (the others still run)."""
+  import jax
+  unknown = [o for o in plan.objectives if o not in RECIPES]
+  if unknown:
+    raise ValueError(f"unknown objective {unknown[0]!r}: pick from {', '.join(RECIPES)}")
+  shape_fields(plan.shape)  # an unknown shape: one line before any work
+  device = jax.devices()[0].device_kind
+  max_gib = plan.max_gib or memory_limit_gib()
+  errors = []
+  for name in plan.objectives:
+    seq = plan.seq_len
+    try:
+      while True:
+        cfg = recipe(name, plan, seq)
+        r = measure_step(cfg, plan.steps, max_gib)
+        if "skipped" not in r or seq <= 256:
+          break
+        log(f"[train] {name} at {seq} tokens: {r['skipped']}; halving")
+        seq //= 2
+    except Exception as e:  # one objective's failure is a finding; the others still run
+      errors.append(f"train: {name}: {type(e).__name__}: {e}"[:400])
+      log(errors[-1])
+      continue
+    if "skipped" in r:
+      errors.append(f"train: {name} fits at no length down to {seq}: {r['skipped']}")
+      log(errors[-1])
+      continue
+    tokens_per_s = plan.batch * seq / r["step_s"]
+    flops = train_flops_per_token(cfg.model, r["params"], seq)
+    row = add({"kind": "train", "shape": plan.shape, "dtype": plan.dtype,
+               "layers": cfg.model.n_layers, "objective": name,
+               "recipe": f"configs/{RECIPES[name]}.py", "batch": plan.batch, "seq_len": seq,
+               **run_control(cfg), **r, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
+               "tflops_per_s": flops * tokens_per_s / 1e12,
+               "mfu": mfu(flops, tokens_per_s, device)})
+    log(f"[train] {name}: {row['step_s']:.3f} s/step, {tokens_per_s:.0f} tokens/s, "
+        f"MFU {'-' if row['mfu'] is None else format(row['mfu'], '.1%')}")
+  return errors

@@ -127,7 +127,8 @@ def test_deer_pairs_are_their_masks_over_every_draw(prefix_mode):
   cfg = dataclasses.replace(CFG, drafter_prefix=prefix_mode)
   bidi = prefix_mode == "bidirectional"
   w, prompt, mm = 12, 3, 4
-  np.testing.assert_allclose(pairs("deer_stage1", w, cfg, prompt), _deer1_mask_pairs(w, prompt, bidi))
+  np.testing.assert_allclose(pairs("deer_stage1", w, cfg, prompt),
+                             _deer1_mask_pairs(w, prompt, bidi))
   # Stage II, one block: every (R, cut) with its probability (R uniform, then the cut)
   answer = w - prompt
   draws = [(prompt + u, r, 1 / mm / (answer - r + 1)) for r in range(1, mm + 1)
@@ -154,8 +155,11 @@ def _batch(name, b, length, prompt):
                      length)
     return {k: jnp.asarray(np.stack([v] * b)) for k, v in row.items()}
   if name.startswith("deer"):
-    return {"tokens": tokens, "prompt_lens": jnp.full((b,), prompt), "lengths": jnp.full((b,), length)}
-  return {"tokens": tokens, "step": jnp.zeros((b,), jnp.int32)} if name == "asarm" else {"tokens": tokens}
+    return {"tokens": tokens, "prompt_lens": jnp.full((b,), prompt),
+            "lengths": jnp.full((b,), length)}
+  if name == "asarm":
+    return {"tokens": tokens, "step": jnp.zeros((b,), jnp.int32)}
+  return {"tokens": tokens}
 
 
 def _xla_flops(name, args, batch, grad: bool, compiled: bool = False):
@@ -163,7 +167,9 @@ def _xla_flops(name, args, batch, grad: bool, compiled: bool = False):
   graphdef, params = nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0))),
                                nnx.Param)
   loss = objective(name).bind(args)
-  f = lambda p: loss(nnx.merge(graphdef, p), batch, jax.random.key(0))[0]
+
+  def f(p):
+    return loss(nnx.merge(graphdef, p), batch, jax.random.key(0))[0]
   lowered = jax.jit(jax.value_and_grad(f) if grad else f).lower(params)
   return cfg, (lowered.compile() if compiled else lowered).cost_analysis()["flops"]
 

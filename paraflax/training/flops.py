@@ -141,29 +141,29 @@ def _causal_pairs(n: float) -> float:
   return n * (n + 1) / 2
 
 
-def _ar(cfg, l, args, prompt_len):
-  """Causal rows of L tokens (packed rows are full); the head on the L-1 that have a target."""
-  return Work(l, l, _causal_pairs(l), l - 1)
+def _ar(cfg, t, args, prompt_len):
+  """Causal rows of T tokens (packed rows are full); the head on the T-1 that have a target."""
+  return Work(t, t, _causal_pairs(t), t - 1)
 
 
-def _tidar(cfg, l, args, prompt_len):
-  """The doubled row [clean | mask copy]: 2L rows, the head on all; the clean half causal;
+def _tidar(cfg, t, args, prompt_len):
+  """The doubled row [clean | mask copy]: 2T rows, the head on all; the clean half causal;
   mask block j (size s_j, start j b) sees itself and the j b clean tokens before it; block
   sizes drawn uniformly from `block_size`."""
   sizes = np.atleast_1d(args["block_size"])
-  pairs = [sum(min(b, l - s) * (min(b, l - s) + s) for s in range(0, l, b)) for b in sizes]
-  return Work(2 * l, 2 * l, _causal_pairs(l) + float(np.mean(pairs)), 2 * l)
+  pairs = [sum(min(b, t - s) * (min(b, t - s) + s) for s in range(0, t, b)) for b in sizes]
+  return Work(2 * t, 2 * t, _causal_pairs(t) + float(np.mean(pairs)), 2 * t)
 
 
-def _jacobi_forcing(cfg, l, args, prompt_len):
-  """[prompt P, noisy_1, clean_1, ...] of L: the prompt causal; each of the two streams of
-  M = (L - P) // 2 tokens sees the prompt and itself causally; a padding row the prompt and
-  itself. The head on all L rows, and with soft consistency the detached teacher head on all
-  L again."""
+def _jacobi_forcing(cfg, t, args, prompt_len):
+  """[prompt P, noisy_1, clean_1, ...] of T: the prompt causal; each of the two streams of
+  M = (T - P) // 2 tokens sees the prompt and itself causally; a padding row the prompt and
+  itself. The head on all T rows, and with soft consistency the detached teacher head on all
+  T again."""
   p = prompt_len
-  m = (l - p) // 2
-  pairs = _causal_pairs(p) + 2 * (m * p + _causal_pairs(m)) + (l - p - 2 * m) * (p + 1)
-  return Work(l, l, pairs, l, l if args["consistency"] == "soft" else 0)
+  m = (t - p) // 2
+  pairs = _causal_pairs(p) + 2 * (m * p + _causal_pairs(m)) + (t - p - 2 * m) * (p + 1)
+  return Work(t, t, pairs, t, t if args["consistency"] == "soft" else 0)
 
 
 def _asarm(cfg, n, args, prompt_len):

@@ -52,13 +52,6 @@ class Structured:
     return self.rule({n: a[:, :, None] for n, a in self.queries.items()},
                      {n: a[:, None, :] for n, a in self.keys.items()})
 
-  def tile(self, q0, k0, bq: int, bk: int) -> jax.Array:
-    """The mask of the tile of queries q0..q0+bq-1 and keys k0..k0+bk-1: `[B, bq, bk]`
-    (q0, k0 may be traced; the fields are sliced, never the dense mask)."""
-    cut = lambda fields, at, n: {k: jax.lax.dynamic_slice_in_dim(a, at, n, 1)
-                                 for k, a in fields.items()}
-    return Structured(cut(self.queries, q0, bq), cut(self.keys, k0, bk), self.rule).dense()
-
   def layout(self, bq: int, bk: int) -> jax.Array:
     """int8 `[B, ceil(T/bq), ceil(K/bk)]`: EMPTY, PARTIAL or FULL per tile (padding beyond
     T or K counts as either, whichever the real pairs of the tile make it)."""

@@ -17,7 +17,7 @@ Per row, D = d_model, Dq = n_heads x head_dim, Dkv = n_kv_heads x head_dim, F = 
 Training counts 3x the forward (the backward does two matmuls per forward matmul), except the
 detached teacher head of Jacobi Forcing's soft consistency: forward only (1x).
 
-`comparison_flops_per_token` is the cross-run yardstick of the issue tables: 6 N + 6 L D T
+`comparison_flops_per_token` is the cross-run yardstick of issue 34's tables: 6 N + 6 L D T
 per data token (N without the embedding lookup when untied). `mfu` divides achieved FLOP/s by
 a device's bf16 dense peak (`peak_flops`; None where unknown, e.g. CPU).
 """
@@ -130,7 +130,7 @@ def param_count(cfg: ModelConfig, embedding: bool = True) -> int:
 
 
 def comparison_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-  """The issue tables' yardstick per data token: 6 N + 6 L D T (N = `param_count` without
+  """Issue 34's yardstick per data token: 6 N + 6 L D T (N = `param_count` without
   the embedding lookup when untied, L layers, D = d_model, T = seq_len)."""
   return 6 * param_count(cfg, embedding=False) + 6 * cfg.n_layers * cfg.d_model * seq_len
 

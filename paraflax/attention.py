@@ -18,6 +18,12 @@ xla and xla_chunked honour `jax_default_matmul_precision` (float32 exactness); t
 accelerator kernels do not promise to, so "auto" never picks them for float32 compute.
 A query row whose mask is all False (padding; its output is ignored) gets the mean of all
 values (uniform weights) on xla and xla_chunked alike: finite, never NaN.
+
+A mask in structured form (`mask_structure.Structured`) runs `blockwise`, whatever the
+setting: tiles of `BLOCK` queries x `BLOCK` keys with an online softmax, the mask of each tile
+evaluated from the tokens' fields (never `[T, K]`), and the tiles its layout marks empty
+skipped, forward and backward. It is the plain-JAX reference of what a fused kernel given the
+structure skips; an all-False row gives zeros there.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import jax
 import jax.numpy as jnp
 
 from paraflax.config import ATTENTION as IMPLEMENTATIONS
+from paraflax.mask_structure import EMPTY, Structured
 
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (scripts/attention_bench.py):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
 DENSE_MAX_LEN = 1024  # models with max_seq_len up to this run dense xla (small, faster)
+BLOCK = 128  # queries and keys per tile of `blockwise`
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
@@ -95,6 +103,12 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str =
   q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
+  if isinstance(mask_BxTxS, Structured):
+    k, v = k_BxTxKxD, v_BxTxKxD
+    if s:
+      k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
+      v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
+    return blockwise(q_BxTxHxD, k, v, mask_BxTxS)
   impl = resolve(implementation, jax.default_backend(), dt, max_len=max_len, rows=t,
                  cached=cache_kv is not None)
   if impl == "xla":
@@ -135,3 +149,65 @@ def _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv):
   if cache_kv is not None:
     out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], cache_kv[1].astype(dt))
   return out.reshape(b, t, h, dh)
+
+
+def blockwise(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask: Structured, block_q: int = BLOCK,
+              block_k: int = BLOCK):
+  """Attention `[B, T, H, D]` under a structured mask `[B, T, S]`, tile by tile: each row of
+  the batch and block of queries runs an online softmax over its key blocks, skipping the
+  tiles `mask.layout` marks EMPTY (a `lax.cond`: skipped in the backward pass too); each
+  block of queries is rematerialised in the backward pass (memory linear in T)."""
+  b, t, h, dh = q_BxTxHxD.shape
+  s, hkv, dt = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2], q_BxTxHxD.dtype
+  bq, bk = min(block_q, t), min(block_k, s)
+  nq, nk = -(-t // bq), -(-s // bk)
+  layout = mask.layout(bq, bk)  # [B, nq, nk]
+
+  def blocks(x, n, size):  # [B, N, ...] -> [B, n, size, ...], zero or edge padded
+    mode = "edge" if x.ndim == 2 else "constant"
+    x = jnp.pad(x, [(0, 0), (0, n * size - x.shape[1])] + [(0, 0)] * (x.ndim - 2), mode=mode)
+    return x.reshape(b, n, size, *x.shape[2:])
+
+  q = blocks(q_BxTxHxD.reshape(b, t, hkv, h // hkv, dh), nq, bq)
+  k, v = blocks(k_BxSxKxD, nk, bk), blocks(v_BxSxKxD, nk, bk)
+  fq = {n: blocks(a, nq, bq) for n, a in mask.queries.items()}
+  fk = {n: blocks(a, nk, bk) for n, a in mask.keys.items()}
+  key_real = (jnp.arange(nk * bk) < s).reshape(nk, bk)
+
+  def q_block(k_r, v_r, fk_r, x):  # one row's keys, one block of its queries
+    q_i, fq_i, layout_i = x  # [bq, Hkv, G, D], fields [bq], [nk]
+
+    def tile(carry, y):
+      k_j, v_j, fk_j, real_j, layout_ij = y
+
+      def compute(carry):
+        m, total, acc = carry  # [Hkv, G, bq] max, [Hkv, G, bq] sum, [Hkv, G, bq, D]: float32
+        allowed = mask.rule({n: a[None, :, None] for n, a in fq_i.items()},
+                            {n: a[None, None, :] for n, a in fk_j.items()})[0] & real_j
+        scores = jnp.einsum("qkgd,skd->kgqs", q_i, k_j,
+                            preferred_element_type=jnp.float32) * dh ** -0.5
+        top = jnp.max(jnp.where(allowed, scores, -jnp.inf), -1)
+        m_new = jax.lax.stop_gradient(jnp.maximum(m, top))  # the shift: no effect on values
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.where(allowed, jnp.exp(scores - shift[..., None]), 0.0)
+        scale = jnp.exp(m - shift)
+        acc = acc * scale[..., None] + jnp.einsum("kgqs,skd->kgqd", p.astype(dt), v_j,
+                                                  preferred_element_type=jnp.float32)
+        return m_new, total * scale + p.sum(-1), acc
+
+      return jax.lax.cond(layout_ij == EMPTY, lambda c: c, compute, carry), None
+
+    g = h // hkv
+    init = (jnp.full((hkv, g, bq), -jnp.inf), jnp.zeros((hkv, g, bq)),
+            jnp.zeros((hkv, g, bq, dh)))
+    (_, total, acc), _ = jax.lax.scan(tile, init, (k_r, v_r, fk_r, key_real, layout_i))
+    out = acc / jnp.where(total == 0, 1.0, total)[..., None]  # a row with no key: zeros
+    return jnp.moveaxis(out, 2, 0).astype(dt)  # [bq, Hkv, G, D]
+
+  def row(x):
+    q_r, k_r, v_r, fq_r, fk_r, layout_r = x
+    body = jax.checkpoint(lambda y: q_block(k_r, v_r, fk_r, y))
+    return jax.lax.map(body, (q_r, fq_r, layout_r))
+
+  out = jax.lax.map(row, (q, k, v, fq, fk, layout))  # [B, nq, bq, Hkv, G, D]
+  return out.reshape(b, nq * bq, h, dh)[:, :t]

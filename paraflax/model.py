@@ -3,7 +3,9 @@
 `logits, chunk_kv = model(tokens, positions, mask, cache)`: attention keys are the cache's S
 slots followed by the chunk's T tokens, so `mask` is `[B, T, S+T]` (`[B, T, T]` without a
 cache). The model never builds a mask and never writes the cache; it returns the chunk's
-keys/values (post-RoPE) and the caller commits the rows it keeps (`cache.commit`).
+keys/values (post-RoPE) and the caller commits the rows it keeps (`cache.commit`). A mask in
+structured form (`mask_structure.Structured`, same shape) runs the tiled attention that skips
+its empty tiles (`attention.blockwise`).
 
 Two-stream models (`two_stream=True`, AS-ARMs for ASSD) also take `queries=Queries(positions,
 mask)`: a position-only query stream (XLNet). Every query starts as one learned vector, gets
@@ -35,6 +37,7 @@ from paraflax import sharding
 from paraflax.attention import attend
 from paraflax.cache import ChunkKV, KVCache
 from paraflax.config import ModelConfig
+from paraflax.mask_structure import Structured
 
 
 class Queries(NamedTuple):
@@ -305,6 +308,8 @@ class Transformer(nnx.Module):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""
     if not self.cfg.two_stream:
       raise ValueError("queries= needs a two-stream model (ModelConfig.two_stream=True)")
+    if isinstance(mask, Structured) or isinstance(queries.mask, Structured):
+      raise ValueError("two-stream calls take dense masks (masks.lattice), not structured ones")
     b, t, d = x_BxTxD.shape
     q = queries.positions.shape[1] if queries.positions.ndim == 2 else -1
     if queries.positions.shape != (b, q) or queries.mask.shape != (b, q, s + t):

@@ -17,12 +17,14 @@ from paraflax.training import jacobi_forcing as jf
 from paraflax.training import teacher as tch
 from paraflax.training import trajectories as tr
 from paraflax.training.dry_run import abstract_batch, dry_run
+from paraflax.training.flops import train_flops
 from paraflax.training.step import init_params
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = ("tiny_ar", "jacobi_forcing_r1", "tidar_scratch", "deer_drafter_stage1",
            "deer_drafter", "asarm")
-REPORTED = {"params", "devices", "argument_bytes", "output_bytes", "temp_bytes", "compile_s"}
+REPORTED = {"params", "devices", "argument_bytes", "output_bytes", "temp_bytes", "compile_s",
+            "flops_per_step"}
 # micro shapes, given with the --set flags a user gives for a real model's shapes
 MICRO = ("model.vocab_size=64", "data.vocab_size=64", "model.d_model=16", "model.n_layers=1",
          "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=32", "model.max_seq_len=32",
@@ -58,6 +60,7 @@ def test_dry_run_prints_the_memory_report_last_and_writes_nothing(tmp_path, monk
   assert report["temp_bytes"] > 0 and report["output_bytes"] > 0
   assert (report["objective"], report["batch_size"], report["seq_len"]) == ("ar", 2, 16)
   assert report["batch"] == {"tokens": [[2, 16], "int32"]}
+  assert report["flops_per_step"] == train_flops(micro("tiny_ar", tmp_path).model, "ar", 2, 16) > 0
   assert not workdir.exists() and not (tmp_path / "cache").exists()  # no lock, no config
 
 

@@ -1,6 +1,7 @@
 """Training: clear config errors, a causal AR objective, a run that learns, exact reload."""
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from paraflax.training import (
 )
 from paraflax.training import optim
 from paraflax.training.config import OptimConfig, config_differences
+from paraflax.training.flops import peak_flops, train_flops
 from paraflax.training.trainer import init_params
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -117,6 +119,27 @@ def _micro(seed=0):
 
 
 @pytest.mark.fast
+def test_init_params_draws_every_parameter_as_the_modules_do():
+  """One compiled call with one layer's samplers in a loop: the tree, shapes and dtypes of the
+  model's own, every layer a fresh draw at its initialiser's scale, seeds reproducible."""
+  cfg = pf.ModelConfig(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                       d_ff=256, max_seq_len=16, qkv_bias=True, two_stream=True)
+  graphdef, params = init_params(cfg, 0)
+  want = nnx.state(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  assert jax.tree.structure(params) == jax.tree.structure(want)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(
+      lambda x: (x.shape, x.dtype), want)
+  ups = [np.asarray(params["layers"][i]["mlp"]["w_up"][...]) for i in range(3)]
+  assert not np.allclose(ups[0], ups[1]) and not np.allclose(ups[1], ups[2])
+  for up in ups:  # lecun normal, fan-in 32: std 0.177 (8192 draws: within 5%)
+    assert abs(up.std() / 32 ** -0.5 - 1) < 0.05
+  assert np.all(np.asarray(params["layers"][2]["attn"]["bq"][...]) == 0)
+  assert np.all(np.asarray(params["layers"][1]["mlp_norm"]["scale"][...]) == 1)
+  again = init_params(cfg, 0)[1]
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)))
+
+
+@pytest.mark.fast
 def test_objectives_registry():
   assert "ar" in OBJECTIVES
   with pytest.raises(ValueError, match="already registered"):
@@ -177,12 +200,22 @@ def test_micro_run_learns_and_writes_its_artifacts(trained, micro_cfg):
   train_entries = [e for e in entries if "loss" in e]
   val = [e["val_loss"] for e in entries if "val_loss" in e]
   assert [e["step"] for e in train_entries] == list(range(1, micro_cfg.steps + 1))
-  for key in ("loss", "lr", "tokens_per_s", "batch_fingerprint", "grad_norm", "accuracy"):
+  for key in ("loss", "lr", "tokens_per_s", "batch_fingerprint", "grad_norm", "accuracy",
+              "tflops_per_device", "mfu"):
     assert all(key in e for e in train_entries), key
+  # throughput: the step's FLOPs (`flops.py`) over its time; MFU null without a known peak (CPU)
+  flops = train_flops(micro_cfg.model, "ar", micro_cfg.data.batch_size, micro_cfg.data.seq_len)
+  for e in train_entries:
+    assert np.isfinite(e["tokens_per_s"]) and e["tokens_per_s"] > 0
+    tokens_per_step = micro_cfg.data.batch_size * micro_cfg.data.seq_len
+    np.testing.assert_allclose(e["tflops_per_device"],
+                               e["tokens_per_s"] / tokens_per_step * flops / 1e12, rtol=1e-9)
+    assert e["mfu"] is None if peak_flops() is None else 0 < e["mfu"] < 1
   assert len(val) == micro_cfg.steps // micro_cfg.eval_every + 1  # step 0, then every eval
   assert val[-1] < val[0] - 1.0  # validation loss clearly decreases
   assert np.mean([e["loss"] for e in train_entries[-5:]]) < train_entries[0]["loss"] - 1.0
   assert summary["val_loss"] == val[-1] and summary["tokens_per_s"] > 0
+  assert summary["flops_per_step"] == flops and summary["tflops_per_device"] > 0
   assert (workdir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert (workdir / "tokenizer.json").is_file() and (workdir / "config.json").is_file()
 
@@ -202,6 +235,28 @@ def test_load_trained_restores_the_trained_params(trained, micro_cfg):
   # and a model built from the config's seed alone (untrained) is far from it
   fresh = nnx.merge(*init_params(cfg.model, cfg.seed))
   assert evaluate(fresh, val, get_objective(cfg.objective), jax.random.key(0)) > got + 1.0
+
+
+@pytest.mark.slow
+def test_profile_steps_write_a_trace_of_those_steps(micro_cfg, tmp_path, capsys, monkeypatch):
+  """`--profile-steps 1:3`: a jax.profiler trace of steps 1 and 2 (0-based) in
+  WORKDIR/profile, for XProf (xplane.pb) and Perfetto (trace.json.gz)."""
+  workdir = tmp_path / "run"
+  summary = train(micro_cfg, workdir, progress=False, max_steps=4, profile_steps=(1, 3))
+  assert summary["step"] == 4
+  traces = list((workdir / "profile").rglob("*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  events = json.loads(gzip.decompress(next((workdir / "profile").rglob("*.trace.json.gz"))
+                                      .read_bytes()))["traceEvents"]
+  assert sorted(e["args"]["step_num"] for e in events if e.get("name") == "train") == ["1", "2"]
+  from paraflax import cli
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  for bad in ("3:1", "2", "a:b"):
+    assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir",
+                     str(tmp_path / "bad"), "--profile-steps", bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("paraflax train: error: --profile-steps expects A:B") and "\n" not in err
+  assert not (tmp_path / "bad").exists()  # refused before anything is written
 
 
 @pytest.mark.slow

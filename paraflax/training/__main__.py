@@ -1,9 +1,10 @@
 """`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`
-`[--hf HF_DIR] [--data FILE.jsonl ...] [--set NAME=VALUE ...]`.
+`[--hf HF_DIR] [--data FILE.jsonl ...] [--set NAME=VALUE ...] [--profile-steps A:B]`.
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
 With `--dry-run` it trains nothing and writes nothing: it compiles one step of the config
-with abstract shapes and prints XLA's memory report as JSON (`dry_run.py`).
+with abstract shapes and prints XLA's memory report and the step's FLOPs as JSON (`dry_run.py`).
+`--profile-steps A:B` writes a jax.profiler trace of steps A..B-1 into DIR/profile.
 With `--hf DIR` the config is a recipe retargeted at a Hugging Face model (`from_hf.py`);
 `--data FILE.jsonl` trains on the user's JSON Lines (data source "jsonl").
 Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
@@ -56,19 +57,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--dry-run", action="store_true", help="compile one step with abstract "
                       "shapes (no weights, no data, nothing written) and print its memory as "
                       "JSON: argument_bytes, temp_bytes, ... per device")
+  parser.add_argument("--profile-steps", metavar="A:B", default=None,
+                      help="write a jax.profiler trace of steps A..B-1 (0-based) into "
+                      "WORKDIR/profile (XProf / TensorBoard, Perfetto)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   distributed.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> dict:
   """Train (or, with --dry-run, compile one step) as the parsed flags say; the summary."""
+  from paraflax.training.profile import parse_steps
+  window = None if args.profile_steps is None else parse_steps(args.profile_steps)
   distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
   cfg = config_from_args(args)
   if args.dry_run:
     from paraflax.training.dry_run import dry_run
     return dry_run(cfg)
   from paraflax.training.trainer import train
-  return train(cfg, args.workdir, progress=not args.no_progress, max_steps=args.max_steps)
+  return train(cfg, args.workdir, progress=not args.no_progress, max_steps=args.max_steps,
+               profile_steps=window)
 
 
 def config_from_args(args: argparse.Namespace):

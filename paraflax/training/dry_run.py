@@ -9,7 +9,9 @@ No store, `init_from` or workdir is read or written, so a 7B dry run fits a lapt
 
     report = dry_run(cfg)   # {"params", "devices", "argument_bytes", "temp_bytes", ...}
 
-Byte figures are per device (what one device holds of the sharded step).
+Byte figures are per device (what one device holds of the sharded step); `flops_per_step` is
+the whole step's model FLOPs (`flops.train_flops`, all devices together; None for an objective
+it does not know).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flax import nnx
 from paraflax import sharding
 from paraflax.data.source import batch_shapes
 from paraflax.model import Transformer
-from paraflax.training import optim
+from paraflax.training import flops, optim
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
 from paraflax.training.objectives import STEP, objective
 from paraflax.training.step import jit_train_step
@@ -77,8 +79,8 @@ def dry_run(cfg: TrainConfig) -> dict:
   """Compile one training step of `cfg` (abstract shapes, on its mesh) and return its
   report: params (count), devices, mesh, objective, batch_size, seq_len, memory per device
   (`MEMORY` keys, bytes, from `compiled.memory_analysis()`; `total_bytes` = arguments +
-  outputs - aliased (donated) + temporaries), lower_s and compile_s (lowering + XLA
-  compilation)."""
+  outputs - aliased (donated) + temporaries), flops_per_step, lower_s and compile_s (lowering
+  + XLA compilation)."""
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   obj = objective(cfg.objective)
   graphdef, params, tx, opt_state = abstract_state(cfg, mesh)
@@ -101,7 +103,10 @@ def dry_run(cfg: TrainConfig) -> dict:
           "grad_accum": cfg.grad_accum,
           "batch": {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()},
           "model_dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
-          **memory_report(compiled), "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}
+          **memory_report(compiled),
+          "flops_per_step": flops.train_flops(cfg.model, cfg.objective, cfg.data.batch_size,
+                                              cfg.data.seq_len, cfg.objective_args),
+          "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}
 
 
 def dry_run_from_config_path(config_path, overrides: dict | None = None) -> dict:

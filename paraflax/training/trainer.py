@@ -3,11 +3,13 @@
 `train(cfg, workdir)` writes into `workdir` (see `workdir.py`):
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
     tokenizer.json  the tokenizer the data was encoded with
-    metrics.jsonl   one object per logged step and per validation (see `metrics.py`)
+    metrics.jsonl   one object per logged step and per validation (see `metrics.py`); a
+                    step's carries tokens_per_s, tflops_per_device and mfu (`flops.py`)
     loss.png        training and validation loss against step
     checkpoints/    params + optimizer state + data-iterator state per saved step, saved
                     asynchronously (see `checkpoint.py`): `train` returns once the last is committed
     paraflax.lock   held by the run writing here: a second one is refused (`lock.py`)
+    profile/        with `profile_steps`, a jax.profiler trace of those steps (`profile.py`)
 and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
 (0-based) consumes the s-th batch of the iterator and the key `fold_in(train_key, s)`, so a
@@ -43,11 +45,12 @@ from paraflax import sharding
 from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
 from paraflax.paths import as_path
-from paraflax.training import interrupt, lock, optim
+from paraflax.training import flops, interrupt, lock, optim
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
 from paraflax.training.objectives import STEP, objective
+from paraflax.training.profile import PROFILE_DIR, StepTrace
 from paraflax.training.step import (eval_step, evaluate, init_opt_state, init_params,  # noqa: F401
                                     jit_train_step, keys, mean_loss, train_step)
 from paraflax.training.workdir import (CONFIG, TOKENIZER, check_init_from, check_workdir,
@@ -55,10 +58,12 @@ from paraflax.training.workdir import (CONFIG, TOKENIZER, check_init_from, check
 
 
 class _Meter:
-  """Tokens per second of training time (compilation, validation, saving excluded)."""
+  """Tokens and steps per second of training time (compilation, validation, saving
+  excluded)."""
 
   def __init__(self):
-    self.tokens, self.seconds, self.total_tokens, self.total_s = 0, 0.0, 0, 0.0
+    self.tokens, self.steps, self.seconds = 0, 0, 0.0
+    self.total_tokens, self.total_steps, self.total_s = 0, 0, 0.0
     self._t = 0.0
 
   def start(self):
@@ -73,14 +78,23 @@ class _Meter:
     yield
     self.start()
 
-  def rate(self) -> float:
-    """Throughput since the last call (call after a device sync)."""
+  def rate(self) -> tuple[float, float]:
+    """(tokens/s, steps/s) since the last call (call after a device sync)."""
     self.stop()
-    rate = self.tokens / max(self.seconds, 1e-9)
-    self.total_tokens, self.total_s = self.total_tokens + self.tokens, self.total_s + self.seconds
-    self.tokens, self.seconds = 0, 0.0
+    seconds = max(self.seconds, 1e-9)
+    rates = self.tokens / seconds, self.steps / seconds
+    self.total_tokens += self.tokens
+    self.total_steps += self.steps
+    self.total_s += self.seconds
+    self.tokens, self.steps, self.seconds = 0, 0, 0.0
     self.start()
-    return rate
+    return rates
+
+
+def _bar_speed(speed: dict) -> dict:
+  """The progress bar's TFLOP/s per device and MFU, where known."""
+  fields = (("tflops", "tflops_per_device", "{:.3g}"), ("mfu", "mfu", "{:.1%}"))
+  return {name: fmt.format(speed[key]) for name, key, fmt in fields if speed[key] is not None}
 
 
 def open_data(cfg: TrainConfig, progress: bool = True) -> TrainData:
@@ -94,11 +108,12 @@ def open_data(cfg: TrainConfig, progress: bool = True) -> TrainData:
 
 
 def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True,
-          max_steps: int | None = None) -> dict:
+          max_steps: int | None = None, profile_steps: tuple[int, int] | None = None) -> dict:
   """Train (or resume) to `cfg.steps` (or `max_steps`, same schedule); return a summary dict.
+  `profile_steps` (A, B): trace steps A..B-1 into `<workdir>/profile` (`profile.py`).
 
   Summary keys: workdir, step, start_step, train_loss, val_loss, tokens_per_s,
-  train_seconds, n_params.
+  tflops_per_device, mfu, flops_per_step, train_seconds, n_params.
 
   The run holds the workdir's lock (`lock.py`) throughout: a second run there gets
   `LockedError` naming this one. Before the lock, the config and the mesh (it must fit
@@ -111,11 +126,11 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
     return _train(cfg, workdir, obj.bind(cfg.objective_args), obj.needs_step, mesh,
-                  progress=progress, max_steps=max_steps)
+                  progress=progress, max_steps=max_steps, profile_steps=profile_steps)
 
 
 def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mesh, *,
-           progress: bool, max_steps: int | None) -> dict:
+           progress: bool, max_steps: int | None, profile_steps) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
@@ -153,9 +168,15 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
       plot_losses(workdir)
     return val_loss
 
+  flops_per_step = flops.train_flops(cfg.model, cfg.objective, cfg.data.batch_size,
+                                     cfg.data.seq_len, cfg.objective_args)
+  speed = functools.partial(flops.speed, flops_per_step, devices=1 if mesh is None else mesh.size,
+                            peak=flops.peak_flops())
   summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
-             "val_loss": None, "tokens_per_s": None, "train_seconds": 0.0, "n_params": n_params}
+             "val_loss": None, "tokens_per_s": None, "tflops_per_device": None, "mfu": None,
+             "flops_per_step": flops_per_step, "train_seconds": 0.0, "n_params": n_params}
   bar, saved, guard = None, start, contextlib.ExitStack()
+  trace = StepTrace(profile_steps, workdir / PROFILE_DIR)
   try:
     # Ctrl-C stops between steps (with a save); not on several hosts, where one process alone
     # would see it and could not save
@@ -174,17 +195,22 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
         bar = tqdm(total=target, initial=start, desc="train", unit="step",
                    disable=not progress, dynamic_ncols=True)
         meter.start()
-      params, opt_state, metrics = compiled(params, opt_state, device_batch, rng)
+      trace.before(step, params)
+      with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        params, opt_state, metrics = compiled(params, opt_state, device_batch, rng)
+      trace.after(step, params)
       meter.tokens += math.prod(batch["tokens"].shape)
+      meter.steps += 1
       done = step + 1
       if done % cfg.log_every == 0 or done == target:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        tps = meter.rate()
+        tps, sps = meter.rate()
         log.write({"step": done, **metrics, "lr": float(lr(step)), "tokens_per_s": tps,
-                   "batch_fingerprint": batch_fingerprint(batch["tokens"])})
+                   **speed(sps), "batch_fingerprint": batch_fingerprint(batch["tokens"])})
         summary["train_loss"] = metrics["loss"]
         val_str = "-" if summary["val_loss"] is None else f"{summary['val_loss']:.3f}"
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", val=val_str, tok_s=f"{tps:,.0f}")
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", val=val_str, tok_s=f"{tps:,.0f}",
+                        **_bar_speed(speed(sps)))
       if done % cfg.eval_every == 0 or done == target:
         with meter.paused():  # validation and saving are not training time
           summary["val_loss"] = validate(done)
@@ -195,12 +221,14 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
       bar.update(1)
       summary["step"] = done
   finally:
+    trace.stop()
     guard.close()
     if bar is not None:
       bar.close()
     ckpt.close()  # waits until the last save is committed and hashed
   if summary["step"] > start:
     summary.update(tokens_per_s=meter.total_tokens / max(meter.total_s, 1e-9),
+                   **speed(meter.total_steps / max(meter.total_s, 1e-9)),
                    train_seconds=meter.total_s)
   return summary
 

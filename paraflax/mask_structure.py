@@ -1,0 +1,244 @@
+"""Masks in structured form: per-token metadata and a pointwise rule, beside `masks.py`'s dense
+bool arrays (the reference). What an attention kernel can take instead of `[B, T, K]`.
+
+A `Structured` mask holds, for every query and every key, a few int/bool fields (`i` the
+index in the chunk, and per builder kinds, block ids, validity, cache slots) and a `rule`:
+
+    dense[b, q, k] = rule(queries[b, q], keys[b, k])
+
+`dense()` expands it to the bool array the `masks.py` builder of the same name returns
+(tested equal for every builder). `layout(bq, bk)` classifies the (query block, key block)
+tiles as EMPTY (no pair attends: a kernel skips the tile), FULL (every pair attends: no mask
+to apply) or PARTIAL, computed one block of queries at a time from the metadata, so it never
+holds the dense mask; the layout is the same for every layer and head of a step.
+
+Per-query key ranges alone cannot express Jacobi Forcing's interleaved streams (a noisy block
+sees the prompt and the earlier noisy blocks, not the clean blocks between them), or the
+AS-ARM lattice; a rule over token fields can, and tiles give kernels their skip list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from paraflax.masks import CLEAN, MASKED, PROMPT
+
+EMPTY, PARTIAL, FULL = 0, 1, 2  # tile classes of `Structured.layout`
+
+Fields = dict[str, jax.Array]  # name -> [B, N] per-token field
+Rule = Callable[[Fields, Fields], jax.Array]  # (queries [B, T, 1], keys [B, 1, K]) -> bool
+
+
+@flax.struct.dataclass
+class Structured:
+  """A mask `[B, T, K]` as per-token fields and a rule (see the module docstring)."""
+
+  queries: Fields  # each [B, T]
+  keys: Fields  # each [B, K]
+  rule: Rule = flax.struct.field(pytree_node=False)  # hashable: a function or frozen dataclass
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    b, t = self.queries["i"].shape
+    return b, t, self.keys["i"].shape[1]
+
+  def dense(self) -> jax.Array:
+    """The bool mask `[B, T, K]`."""
+    return self.rule({n: a[:, :, None] for n, a in self.queries.items()},
+                     {n: a[:, None, :] for n, a in self.keys.items()})
+
+  def layout(self, bq: int, bk: int) -> jax.Array:
+    """int8 `[B, ceil(T/bq), ceil(K/bk)]`: EMPTY, PARTIAL or FULL per tile (padding beyond
+    T or K counts as either, whichever the real pairs of the tile make it)."""
+    b, t, k = self.shape
+    nq, nk = -(-t // bq), -(-k // bk)
+    pad = lambda a, n: jnp.pad(a, [(0, 0), (0, n - a.shape[1])], mode="edge")
+    keys = {n: pad(a, nk * bk)[:, None, :] for n, a in self.keys.items()}
+    k_real = (jnp.arange(nk * bk) < k).reshape(nk, bk)
+
+    def row(block):  # one block of queries: ([B, bq] fields, [bq] real) -> [B, nk]
+      fields, q_real = block
+      m = self.rule({n: a[:, :, None] for n, a in fields.items()}, keys)
+      m = m.reshape(b, bq, nk, bk)
+      real = q_real[:, None, None] & k_real[None]  # [bq, nk, bk]
+      empty = ~jnp.any(m & real, (1, 3))
+      full = jnp.all(m | ~real, (1, 3))
+      return jnp.where(empty, EMPTY, jnp.where(full, FULL, PARTIAL)).astype(jnp.int8)
+
+    queries = {n: jnp.moveaxis(pad(a, nq * bq).reshape(b, nq, bq), 1, 0)
+               for n, a in self.queries.items()}
+    q_real = (jnp.arange(nq * bq) < t).reshape(nq, bq)
+    return jnp.moveaxis(jax.lax.map(row, (queries, q_real)), 0, 1)
+
+
+def tile_counts(layout: jax.Array) -> dict[str, float]:
+  """Shares of a layout's tiles: empty (skippable), full (unmasked) and partial."""
+  n = layout.size
+  return {name: float(jnp.sum(layout == c)) / n
+          for name, c in (("empty", EMPTY), ("full", FULL), ("partial", PARTIAL))}
+
+
+def _index(b: int, n: int) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+
+
+def _fields(**arrays) -> Fields:
+  b, n = next(iter(arrays.values())).shape
+  return {"i": _index(b, n), **{k: jnp.asarray(v) for k, v in arrays.items()}}
+
+
+def _pad_self(q, k):
+  """An invalid query (padding, output ignored) sees itself, so no row is empty."""
+  return ~q["valid"] & (k["i"] == q["i"])
+
+
+# ---- rules: each the pointwise form of the `masks.py` builder named in its docstring ----
+
+def causal_rule(q, k):
+  """`masks.causal`: keys up to the query that are real tokens."""
+  return (k["i"] <= q["i"]) & k["valid"]
+
+
+def block_causal_rule(q, k):
+  """`masks.block_causal`: causal within the query's block."""
+  return (k["i"] <= q["i"]) & (k["block"] == q["block"])
+
+
+def noise_aware_rule(q, k):
+  """`masks.noise_aware`: earlier (or same) prompt keys and keys of the query's stream."""
+  see = (k["i"] <= q["i"]) & ((k["kind"] == PROMPT) | (k["kind"] == q["kind"]))
+  return (see & k["valid"]) | _pad_self(q, k)
+
+
+def tidar_rule(q, k):
+  """`masks.tidar`: clean causal; a mask block sees itself and the clean keys of lower blocks."""
+  clean_q, clean_k = q["kind"] == CLEAN, k["kind"] == CLEAN
+  mask_q, mask_k = q["kind"] == MASKED, k["kind"] == MASKED
+  see = ((clean_q & clean_k & (k["i"] <= q["i"])) | (mask_q & mask_k & (k["block"] == q["block"]))
+         | (mask_q & clean_k & (k["block"] < q["block"])))
+  return (see & k["valid"]) | _pad_self(q, k)
+
+
+def deer_bidirectional_rule(q, k):
+  """`deer_layout.mask(..., bidirectional=True)`: `tidar_rule`, and clean queries also see
+  every valid clean key."""
+  clean = (q["kind"] == CLEAN) & (k["kind"] == CLEAN) & k["valid"]
+  return tidar_rule(q, k) | clean
+
+
+def _lattice(q, k, earlier):
+  target = ~q["visible"] & ~k["visible"]
+  see = k["visible"] | (target & earlier)
+  return (see & k["valid"] & q["valid"]) | _pad_self(q, k)
+
+
+def lattice_content_rule(q, k):
+  """`masks.lattice` content: the prompt, and targets up to the query (a target)."""
+  return _lattice(q, k, k["i"] <= q["i"])
+
+
+def lattice_query_rule(q, k):
+  """`masks.lattice` query: the prompt, and targets strictly before the query (a target)."""
+  return _lattice(q, k, k["i"] < q["i"])
+
+
+@dataclasses.dataclass(frozen=True)
+class OverCache:
+  """`masks.over_cache`: cache keys (field `cached`) visible where `slot_visible`, chunk keys
+  as `chunk` says."""
+  chunk: Rule
+
+  def __call__(self, q, k):
+    return jnp.where(k["cached"], k["slot_visible"], self.chunk(q, k))
+
+
+# ---- builders: same names and arguments as in `masks.py` ----
+
+def causal(lengths_B: jax.Array, t: int) -> Structured:
+  b = lengths_B.shape[0]
+  fields = _fields(valid=_index(b, t) < lengths_B[:, None])
+  return Structured(fields, fields, causal_rule)
+
+
+def block_causal(block_ids_BxT: jax.Array) -> Structured:
+  fields = _fields(block=block_ids_BxT)
+  return Structured(fields, fields, block_causal_rule)
+
+
+def over_cache(cache_lengths_B: jax.Array, slots: int, chunk: Structured) -> Structured:
+  """The chunk's keys after S cache slots (the chunk's fields are 0 / False on the slots)."""
+  b = cache_lengths_B.shape[0]
+  cache = lambda a: jnp.zeros((b, slots), a.dtype)
+  keys = {n: jnp.concatenate([cache(a), a], 1) for n, a in chunk.keys.items()}
+  keys["cached"] = jnp.concatenate([jnp.ones((b, slots), bool),
+                                    jnp.zeros_like(chunk.keys["i"], bool)], 1)
+  keys["slot_visible"] = jnp.concatenate([_index(b, slots) < cache_lengths_B[:, None],
+                                          jnp.zeros_like(chunk.keys["i"], bool)], 1)
+  return Structured(chunk.queries, keys, OverCache(chunk.rule))
+
+
+def decode(cache_lengths_B: jax.Array, slots: int, t: int) -> Structured:
+  b = cache_lengths_B.shape[0]
+  return over_cache(cache_lengths_B, slots, causal(jnp.full((b,), t, jnp.int32), t))
+
+
+def decode_candidates(cache_lengths_B: jax.Array, slots: int, main: int, n: int,
+                      c: int) -> Structured:
+  b = cache_lengths_B.shape[0]
+  ids = jnp.concatenate([jnp.zeros((main,), jnp.int32), 1 + jnp.repeat(jnp.arange(c), n)])
+  return over_cache(cache_lengths_B, slots, block_causal(jnp.broadcast_to(ids, (b, ids.size))))
+
+
+def noise_aware(kinds_BxT: jax.Array, valid_BxT: jax.Array) -> Structured:
+  fields = _fields(kind=kinds_BxT, valid=valid_BxT)
+  return Structured(fields, fields, noise_aware_rule)
+
+
+def tidar(kinds_BxT: jax.Array, blocks_BxT: jax.Array, valid_BxT: jax.Array | None = None,
+          rule: Rule = tidar_rule) -> Structured:
+  valid = jnp.ones(kinds_BxT.shape, bool) if valid_BxT is None else valid_BxT
+  fields = _fields(kind=kinds_BxT, block=blocks_BxT, valid=valid)
+  return Structured(fields, fields, rule)
+
+
+def tidar_train(length: int, block_sizes_B: jax.Array) -> Structured:
+  b = block_sizes_B.shape[0]
+  ids = jnp.arange(length)[None, :] // block_sizes_B[:, None]
+  kinds = jnp.concatenate([jnp.full((b, length), CLEAN), jnp.full((b, length), MASKED)], 1)
+  return tidar(kinds, jnp.concatenate([ids, ids], 1))
+
+
+def tidar_prefill(prompt_lens_B: jax.Array, p: int, k: int) -> Structured:
+  b = prompt_lens_B.shape[0]
+  kinds = jnp.broadcast_to(jnp.array([CLEAN] * p + [MASKED] * k), (b, p + k))
+  blocks = jnp.broadcast_to(jnp.array([0] * p + [1] * k), (b, p + k))
+  valid = jnp.concatenate([_index(b, p) < prompt_lens_B[:, None], jnp.ones((b, k), bool)], 1)
+  return tidar(kinds, blocks, valid)
+
+
+def tidar_decode(cache_lengths_B: jax.Array, slots: int, k: int) -> Structured:
+  b = cache_lengths_B.shape[0]
+  kinds = jnp.array([CLEAN] * k + [MASKED] * (k * k))
+  blocks = jnp.concatenate([jnp.arange(1, k + 1), jnp.repeat(jnp.arange(2, k + 2), k)])
+  chunk = tidar(jnp.broadcast_to(kinds, (b, kinds.size)),
+                jnp.broadcast_to(blocks, (b, blocks.size)))
+  return over_cache(cache_lengths_B, slots, chunk)
+
+
+def deer(kinds_BxT, blocks_BxT, valid_BxT, bidirectional: bool) -> Structured:
+  """`deer_layout.mask`: the DEER drafter's attention."""
+  return tidar(kinds_BxT, blocks_BxT, valid_BxT,
+               deer_bidirectional_rule if bidirectional else tidar_rule)
+
+
+def lattice(visible_BxN: jax.Array, valid_BxN: jax.Array | None = None):
+  """(content, query) `Structured` of `masks.lattice`."""
+  valid = jnp.ones(visible_BxN.shape, bool) if valid_BxN is None else valid_BxN
+  fields = _fields(visible=visible_BxN, valid=valid)
+  return (Structured(fields, fields, lattice_content_rule),
+          Structured(fields, fields, lattice_query_rule))

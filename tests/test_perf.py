@@ -12,10 +12,10 @@ import pytest
 from conftest import ENVIRON, background_job, background_result
 
 from paraflax import cli
-from paraflax.config import ModelConfig
 from paraflax.perf import batches, flops, rows, tables, train
 from paraflax.perf.report import Report
 from paraflax.perf.trace import trace_summary
+from paraflax.training import flops as training_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "docs" / "gpu"
@@ -27,18 +27,10 @@ def _rows(path):
 
 
 @pytest.mark.fast
-def test_flops_per_token_and_mfu_are_the_hand_count():
-  cfg = ModelConfig(vocab_size=100, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16,
-                    max_seq_len=64, tie_embeddings=False)
-  # 6 x (1000 params - 100 x 8 embedding rows) + 6 x 2 layers x 8 wide x 32 tokens
-  assert flops.train_flops_per_token(cfg, 1000, 32) == 6 * 200 + 3072
-  tied = ModelConfig(**{**cfg.__dict__, "tie_embeddings": True})
-  assert flops.train_flops_per_token(tied, 1000, 32) == 6 * 1000 + 3072  # the head multiplies
-  assert flops.mfu(1e9, 494.5e3, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
-  assert flops.mfu(1e9, 98.9e3, "NVIDIA H200") == pytest.approx(0.1)
-  assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12  # not the SXM part's
-  assert flops.mfu(1e9, 1e3, "cpu") is None and flops.floor_ms(10**9, "cpu") is None
+def test_the_weight_read_floor_is_bytes_over_bandwidth():
   assert flops.floor_ms(48 * 10**8, "NVIDIA H200") == pytest.approx(1.0)  # 4.8 GB at 4.8 TB/s
+  assert flops.floor_ms(2 * 10**9, "NVIDIA H100 PCIe") == pytest.approx(1.0)  # not the SXM part
+  assert flops.floor_ms(10**9, "cpu") is None
 
 
 @pytest.mark.fast
@@ -171,8 +163,9 @@ def test_train_row_has_mfu_fields_and_the_run_control(tmp_path):
   assert r["objective"] == "ar" and r["batch"] == 1 and r["seq_len"] == 64 and r["finite"]
   assert r["tokens_per_s"] == pytest.approx(64 / r["step_s"])
   cfg = train.recipe("ar", train.TrainPlan(shape="micro"), 64).model
-  assert r["flops_per_token"] == flops.train_flops_per_token(cfg, r["params"], 64)
-  assert r["mfu"] is None  # no peak known for a CPU
+  assert r["flops_per_token"] == training_flops.comparison_flops_per_token(cfg, 64)
+  assert r["real_flops_per_token"] == training_flops.train_flops(cfg, "ar", 1, 64) / 64
+  assert r["mfu"] is None and r["mfu_real"] is None  # no peak known for a CPU
   assert (r["attention"], r["remat"], r["scan_layers"]) == ("xla", "none", False)
   assert r["params_moved"].split("/")[0] == r["params_moved"].split("/")[1]
 

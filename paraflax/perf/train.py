@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from paraflax.perf.flops import mfu, train_flops_per_token
+from paraflax.training import flops
 from paraflax.perf.shapes import attention_used, shape_fields
 
 # objective -> the recipe (configs/<name>.py) perf resizes
@@ -141,13 +141,17 @@ def run(plan: TrainPlan, add, log) -> list[str]:
       log(errors[-1])
       continue
     tokens_per_s = plan.batch * seq / r["step_s"]
-    flops = train_flops_per_token(cfg.model, r["params"], seq)
+    per_token = flops.comparison_flops_per_token(cfg.model, seq)
+    real = flops.train_flops(cfg.model, cfg.objective, 1, seq, cfg.objective_args) / seq
+    peak = flops.peak_flops(device)
     row = add({"kind": "train", "shape": plan.shape, "dtype": plan.dtype,
                "layers": cfg.model.n_layers, "objective": name,
                "recipe": f"configs/{RECIPES[name]}.py", "batch": plan.batch, "seq_len": seq,
-               **run_control(cfg), **r, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
-               "tflops_per_s": flops * tokens_per_s / 1e12,
-               "mfu": mfu(flops, tokens_per_s, device)})
+               **run_control(cfg), **r, "tokens_per_s": tokens_per_s,
+               "flops_per_token": per_token, "tflops_per_s": per_token * tokens_per_s / 1e12,
+               "mfu": flops.mfu(per_token * tokens_per_s, 1.0, peak=peak),
+               "real_flops_per_token": real,
+               "mfu_real": flops.mfu(real * tokens_per_s, 1.0, peak=peak)})
     log(f"[train] {name}: {row['step_s']:.3f} s/step, {tokens_per_s:.0f} tokens/s, "
         f"MFU {'-' if row['mfu'] is None else format(row['mfu'], '.1%')}")
   return errors

@@ -1,7 +1,9 @@
 """A random-weight Hugging Face checkpoint, saved by transformers, to try the bring-your-own-
 model commands offline: Qwen2 at a tiny shape or at Qwen2.5-0.5B's, with a byte-level BPE
 trained on a few standard-library files, Qwen's special tokens and its ChatML chat template
-(EOS: `<|im_end|>` and `<|endoftext|>`, as Qwen2.5-Instruct lists them).
+(EOS: `<|im_end|>` and `<|endoftext|>`, as Qwen2.5-Instruct lists them). Its tokenizer files
+are the ones `paraflax export` writes (`write_tokenizer_files`), so that transformers'
+`AutoTokenizer` encodes as tokenizer.json does.
 
     python scripts/random_hf_model.py runs/random_qwen                        # tiny, 2 layers
     python scripts/random_hf_model.py /tmp/q05 --shape qwen2.5-0.5b           # 494M, bf16
@@ -13,7 +15,6 @@ gives are of cost and memory, and every decoder's output equals greedy AR's.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_pad|>")  # Qwen's, ids 0-3
@@ -50,6 +51,9 @@ def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: in
   """Write the checkpoint to `out` (model, tokenizer, chat template, generation config)."""
   import torch
   import transformers
+
+  from paraflax.data.tokenizer import Tokenizer
+  from paraflax.hf.export import write_tokenizer_files
   out = Path(out)
   tok = tokenizer(vocab_size)
   eos, end = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
@@ -60,12 +64,9 @@ def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: in
   cfg = transformers.Qwen2Config(**dims, eos_token_id=[eos, end], pad_token_id=end,
                                  bos_token_id=None)
   transformers.Qwen2ForCausalLM(cfg).to(dtype).save_pretrained(out)
-  tok.save(str(out / "tokenizer.json"))
-  (out / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-      "pad_token": "<|endoftext|>", "chat_template": CHATML}, indent=2))
-  (out / "generation_config.json").write_text(json.dumps(
-      {"eos_token_id": [eos, end], "pad_token_id": end}, indent=2))
+  roles = Tokenizer(tok, special_tokens={"pad": "<|endoftext|>"}, eos_ids=[eos, end],
+                    chat_template=CHATML, encode_special_tokens=False)
+  write_tokenizer_files(out, roles, cfg.max_position_embeddings)
   return out
 
 

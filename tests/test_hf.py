@@ -204,8 +204,16 @@ def test_convert_writes_a_load_trained_workdir(checkpoints, tmp_path):
   assert summary["n_params"] == sum(x.size for x in a.values())
   assert tok.fingerprint() == load_hf_tokenizer(path).fingerprint()
   assert load_hf_tokenizer(tmp_path / "conv").eos_id == EOS
-  with pytest.raises(FileExistsError, match="fresh directory"):
+  with pytest.raises(ValueError, match=r"is not empty \(paraflax convert output\): pass "):
     convert_hf(path, tmp_path / "conv")
+  with pytest.raises(ValueError, match="it is the model's own source directory"):
+    convert_hf(path, path, overwrite=True)
+  (tmp_path / "conv" / "stale").write_text("x")
+  convert_hf(path, tmp_path / "conv", overwrite=True)  # an earlier convert: replaced whole
+  assert not (tmp_path / "conv" / "stale").exists() and load_trained(tmp_path / "conv")
+  (tmp_path / "conv" / "hf_config.json").unlink()  # a training workdir: never written over
+  with pytest.raises(ValueError, match="it is a paraflax workdir"):
+    convert_hf(path, tmp_path / "conv", overwrite=True)
 
 
 @pytest.mark.fast

@@ -23,9 +23,8 @@ from etils import epath
 
 from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
-from paraflax.json_io import read_json
 from paraflax.paths import model_dirs, resolve_path
-from paraflax.training.config import TrainConfig
+from paraflax.training.config import TrainConfig, read_config
 from paraflax.training.objectives import objective
 
 MASK, SEP = "<mask>", "<sep>"  # the method tokens' default strings
@@ -63,7 +62,7 @@ def architecture(model_dir: str):
     raise ValueError(f"--hf {e}") from None
   if hf:
     return model_config_from_hf(read_hf_config(hf))
-  return TrainConfig.from_dict(read_json(epath.Path(workdir) / "config.json")).model
+  return read_config(epath.Path(workdir) / "config.json").model
 
 
 def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> TrainConfig:

@@ -32,8 +32,9 @@ SHAPES = {
 }
 
 
-def tokenizer(vocab_size: int):
-  """A byte-level BPE of `vocab_size` ids trained on a few stdlib files, Qwen's specials first."""
+def tokenizer(vocab_size: int, max_files: int = 40):
+  """A byte-level BPE of `vocab_size` ids trained on `max_files` stdlib files, Qwen's specials
+  first."""
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -41,13 +42,14 @@ def tokenizer(vocab_size: int):
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(stdlib_documents("train", max_files=40), trainers.BpeTrainer(
+  tok.train_from_iterator(stdlib_documents("train", max_files=max_files), trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(SPECIAL),
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
   return tok
 
 
-def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: int = 0) -> Path:
+def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: int = 0,
+          max_files: int = 40) -> Path:
   """Write the checkpoint to `out` (model, tokenizer, chat template, generation config)."""
   import torch
   import transformers
@@ -55,7 +57,7 @@ def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: in
   from paraflax.data.tokenizer import Tokenizer
   from paraflax.hf.export import write_tokenizer_files
   out = Path(out)
-  tok = tokenizer(vocab_size)
+  tok = tokenizer(vocab_size, max_files)
   eos, end = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
   dims = dict(SHAPES[shape])
   dtype = getattr(torch, dims.pop("torch_dtype"))

@@ -6,6 +6,7 @@ Hugging Face tokenizer); directories compare resolved, however they are spelled.
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -24,7 +25,8 @@ from paraflax.training.__main__ import main as training_main
 from paraflax.training.config import config_differences, with_resolved_paths
 from paraflax.training.trainer import init_params
 
-CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "micro_ar.py")
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = str(ROOT / "configs" / "micro_ar.py")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +139,29 @@ def test_directories_compare_resolved_however_spelled(micro, model, tmp_path, mo
   np.testing.assert_array_equal(again.answers, whole.answers)
   with pytest.raises(ValueError, match=r"other settings \(source\)"):
     tch.collect(model, StubTokenizer(), stream, "store", cfg, source=str(tmp_path), progress=False)
+
+
+@pytest.mark.fast
+def test_a_workdir_config_of_another_shape_names_the_file_and_the_field(micro, tmp_path,
+                                                                          capsys, monkeypatch):
+  """A workdir's config.json that is valid JSON of the wrong shape ({}, a missing, unknown or
+  mistyped field) is one line naming the file and the field: loading the model, resuming."""
+  from paraflax.training.workdir import check_workdir
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  work = shutil.copytree(ROOT / "checkpoints" / "ar_drafter", tmp_path / "W")
+  saved = json.loads((work / "config.json").read_text())
+  for config, says in [
+      ({}, "missing field 'model'"),
+      ([], "expected a JSON object, got list []"),
+      ({**saved, "model": {}}, "missing field 'model.vocab_size'"),
+      ({**saved, "model": {**saved["model"], "d_model": "64"}},
+       "config field 'model.d_model' must be an int, got '64' (str)"),
+      ({**saved, "optim": {**saved["optim"], "lr": 1}},
+       "unknown field 'optim.lr' (OptimConfig has no such field)"),
+      ({**saved, "data": 3}, "field 'data' must be an object of DataConfig fields, got int")]:
+    (work / "config.json").write_text(json.dumps(config))
+    assert cli.main(["generate", "--workdir", str(work), "--prompt", "x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"paraflax generate: error: {work / 'config.json'}: {says}")
+    with pytest.raises(ValueError, match=f"^{work / 'config.json'}: "):
+      check_workdir(micro, work, None)

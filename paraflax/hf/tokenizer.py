@@ -8,7 +8,7 @@ from pathlib import Path
 
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.hf import auto_tokenizer
-from paraflax.json_io import read_json
+from paraflax.json_io import read_json_object
 
 
 def load_hf_tokenizer(path: str | os.PathLike, *,
@@ -32,8 +32,7 @@ def load_hf_tokenizer(path: str | os.PathLike, *,
                             "(only fast-tokenizer JSON files are supported)")
   if encode_special_tokens is None:  # transformers' rule: the file's setting, else False
     config = file.parent / "tokenizer_config.json"
-    config = read_json(config) if config.is_file() else {}
-    split = config.get("split_special_tokens") if isinstance(config, dict) else None
+    split = (read_json_object(config) if config.is_file() else {}).get("split_special_tokens")
     encode_special_tokens = split if isinstance(split, bool) else False
   tok = Tokenizer.from_file(file, encode_special_tokens=encode_special_tokens)
   if path.is_dir():

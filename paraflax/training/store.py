@@ -39,13 +39,33 @@ from tqdm.auto import tqdm
 
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import append_text, read_json, write_atomic, write_json
+from paraflax.json_io import (append_text, json_field, read_json_object, write_atomic,
+                              write_json)
 from paraflax.training import lock
 from paraflax.training.interrupt import Interrupted
 from paraflax.paths import kvstore, resolve_path
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
+# the int settings (>= 1) meta.json must hold: every store's, then each kind's own
+META_INTS = ("examples", "batch_size")
+KIND_INTS = {"trajectory store": ("max_prompt_len", "block_size", "num_blocks"),
+             "teacher store": ("max_prompt_len", "answer_len")}
+
+
+def checked_meta(path: Path, what: str) -> dict:
+  """The meta.json of the store `path` (a `what`), its settings checked by shape: one
+  ValueError line naming the file and the field otherwise."""
+  file = path / META
+  meta = read_json_object(file)
+  for name in META_INTS + KIND_INTS.get(what, ()):
+    json_field(file, meta, name, int, 1)
+  return meta
+
+
+def read_progress(path: Path) -> int:
+  """The batches progress.json of the store `path` says are on disk (checked by shape)."""
+  return json_field(path / PROGRESS, read_json_object(path / PROGRESS), "batches", int, 0)
 
 
 def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
@@ -150,12 +170,12 @@ def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
   """
   done, meta = 0, _resolved(meta)
   if (out / META).is_file() and (out / PROGRESS).is_file():
-    old = _resolved(read_json(out / META))
+    old = _resolved(checked_meta(out, what))
     if old != meta:
       diff = sorted(k for k in set(meta) | set(old) if old.get(k) != meta.get(k))
       raise ValueError(f"{str(out)!r} holds a {what} made with other settings "
                        f"({', '.join(diff)}); use a fresh directory")
-    done = read_json(out / PROGRESS)["batches"]
+    done = read_progress(out)
   if done:
     _trim_checksums(out, done)
     return {k: open_array(out, k) for k in shapes}, done
@@ -258,7 +278,7 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
     if share is not None:
       share.sync(f"{out} filled")  # progress.json is final for every process
   except KeyboardInterrupt:  # Ctrl-C: what progress.json says is on disk is kept
-    kept = read_json(out / PROGRESS)["batches"]
+    kept = read_progress(out)
     raise Interrupted(f"interrupted: {kept} of {total} batches are kept in {out}; run the "
                       "same command again to resume") from None
   finally:
@@ -270,7 +290,7 @@ def read_meta(path: str | os.PathLike, *, what: str, command: str) -> dict:
   path = Path(path).expanduser()
   if not (path / META).is_file():
     raise FileNotFoundError(f"no {what} at {str(path)!r} (make one with `paraflax {command}`)")
-  return read_json(path / META)
+  return checked_meta(path, what)
 
 
 def check_row_length(path: str | os.PathLike, what: str, length: int, how: str,
@@ -287,7 +307,7 @@ def read_store(path: str | os.PathLike, names, *, what: str,
   path = Path(path).expanduser()
   meta = read_meta(path, what=what, command=command)
   total = num_batches(meta)
-  done = read_json(path / PROGRESS)["batches"] if (path / PROGRESS).is_file() else 0
+  done = read_progress(path) if (path / PROGRESS).is_file() else 0
   if done < total:
     raise ValueError(f"{what} {str(path)!r} is incomplete ({done}/{total} batches): rerun "
                      f"`paraflax {command}` with the same settings to finish it")

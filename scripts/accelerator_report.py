@@ -468,8 +468,8 @@ def part_family(plan: Plan, out: Path, log) -> dict:
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   others = {"jf": load_related(cache / demo.JACOBI_FORCING, tok, model.cfg.vocab_size, "jf"),
             "tidar": load_related(cache / "tidar_continual", tok, model.cfg.vocab_size, "tidar")}
-  drafters = {"deer": load_drafter(cache / "deer_drafter", None, tok),
-              "ar_drafter": load_drafter(cache / "ar_drafter", None, tok)}
+  drafters = {"deer": load_drafter(cache / "deer_drafter", None, tok, model),
+              "ar_drafter": load_drafter(cache / "ar_drafter", None, tok, model)}
   keep = lambda m: ((not m.name[-1].isdigit() or int(m.name.rsplit("k", 1)[1]) in plan.bench_ks)
                     and (plan.bench_mr or not m.name.endswith("_mr")))
   methods = [m for m in bench_methods(others, drafters) if keep(m)]

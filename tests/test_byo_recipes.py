@@ -233,6 +233,9 @@ def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data
          "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
+  # the base it was trained from drafts for it (the verifier has a <mask> of its own)
+  assert _ids(capsys, "--workdir", str(run), "--decoder", "speculative", "--draft",
+              str(hf_dir)) == ar
   _check_export(capsys, run, tmp_path / "out", hf_dir)
   # the bench on the user's prompts and records: every method of the HF model and of the
   # TiDAR beside it (its rows grown by <mask>) is exact, each weights' loss on the records
@@ -263,6 +266,7 @@ def test_deer_drafter_stage1_then_stage2_drafts_exactly_for_the_hf_model(
   for config, workdir, init in (("deer_stage1.py", d1, hf_dir), ("deer_stage2.py", d2, d1)):
     _train(capsys, config, workdir, "--hf", str(init), *common)
   ar = _ids(capsys, "--hf", str(hf_dir), "--decoder", "ar")
+  # the drafter has <mask> and <sep> of its own, the verifier none
   assert _ids(capsys, "--hf", str(hf_dir), "--decoder", "deer", "--draft", str(d2)) == ar
 
 

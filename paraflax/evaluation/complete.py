@@ -13,7 +13,7 @@ import jax
 from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
 from paraflax.evaluation import methods
-from paraflax.loading import load_drafter, load_model, shared_vocab
+from paraflax.loading import load_drafter, load_model
 from paraflax.paths import model_dirs
 
 
@@ -71,9 +71,10 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
   drafter_dirs = model_dirs(draft) if draft else None  # a wrong directory: before any loading
   model, tok, encode = load_model(workdir, hf)
   ids = [prompt_ids(p, chat, tok, encode, workdir or hf) for p in prompts]
-  drafter = load_drafter(*drafter_dirs, tok) if draft else None
-  if drafter is not None:  # drafts stay off padding rows and method tokens past the tokenizer
-    dec = dataclasses.replace(dec, vocab=shared_vocab(tok, model, drafter))
+  drafter = None
+  if draft:  # drafts stay off padding rows and each model's own method tokens
+    drafter, vocab = load_drafter(*drafter_dirs, tok, model)
+    dec = dataclasses.replace(dec, vocab=vocab)
   kw = dict(decoder=dec, max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
             eos_id=tok.eos_ids, draft_model=drafter)
   jax.block_until_ready(generate(model, ids, **kw).tokens)  # compile

@@ -78,8 +78,9 @@ def bench_methods(others=None, drafters=None):
   """Every method the bench runs after the AR baseline. `others` maps a weights name to a
   model of the base's architecture and tokenizer: "jf" (Jacobi Forcing, distilled from the
   base) adds its rows, "tidar" (TiDAR, trained on from the base) adds TiDAR rows. `drafters`
-  maps "deer" (a DEER block-diffusion drafter) and "ar_drafter" (a small AR drafter) to draft
-  models for the base: speculative rows at k = 4, 8, 16."""
+  maps "deer" (a DEER block-diffusion drafter) and "ar_drafter" (a small AR drafter) to
+  (draft model for the base, the ids it may propose: `loading.load_drafter`): speculative rows
+  at k = 4, 8, 16."""
   others, drafters = others or {}, drafters or {}
   mr, mr_label = mr_decoder(), f"n16 {MR_SETTINGS}"
   methods = [Method("jacobi", decoders.Jacobi(block_size=16), "block 16"),
@@ -96,8 +97,9 @@ def bench_methods(others=None, drafters=None):
   for name, kind, key in (("deer", decoders.DEER, "deer"),
                           ("spec_ar", decoders.Speculative, "ar_drafter")):
     if key in drafters:
-      methods += [Method(f"{name}_k{k}", kind(k), f"block {k}",
-                         draft_model=drafters[key]) for k in (4, 8, 16)]
+      draft, vocab = drafters[key]
+      methods += [Method(f"{name}_k{k}", kind(k, vocab=vocab), f"block {k}", draft_model=draft)
+                  for k in (4, 8, 16)]
   return methods
 
 

@@ -126,6 +126,8 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path, hf_dir):
       (["--decoder", "speculative"], "--decoder speculative needs a draft model: --draft DIR"),
       (["--decoder", "deer"], "--decoder deer needs a draft model: --draft DIR"),
       (["--decoder", "jacobi", "--ngram", "2"], "--ngram does not apply to the jacobi decoder"),
+      (["--decoder", "jacobi", "--block-size", "5000"], "Jacobi block_size=5000 does not fit the "
+       "model's max_seq_len 512: a step works on 5000 tokens at once"),
       (["--decoder", "speculative", "--draft", str(other)], "has another tokenizer than the model"),
       (["--draft", str(tmp_path / "neither"), "--decoder", "deer"],
        "expected a paraflax workdir (config.json + checkpoints/) or a Hugging Face directory "

@@ -102,6 +102,9 @@ def test_hf_dir_every_way_and_its_chat_template(capsys, hf_dir, tmp_path):
   file.write_text(json.dumps({"messages": messages}) + "\n")
   chat = _generate(capsys, "--hf", str(hf_dir), "--prompts-file", str(file))
   assert _ids(chat) == [ref.tokens[0, :int(ref.lengths[0])].tolist()]
+  text = transformers.AutoTokenizer.from_pretrained(hf_dir).apply_chat_template(
+      messages, add_generation_prompt=True, tokenize=False)
+  assert [c["prompt"] for c in chat["completions"]] == [text]  # what was completed, not ""
   user = _generate(capsys, "--hf", str(hf_dir), "--chat", "--prompt", "hi")
   assert _ids(user) == _ids(_generate(capsys, "--hf", str(hf_dir), "--prompts-file", str(
       _jsonl(tmp_path, {"messages": [{"role": "user", "content": "hi"}]}))))

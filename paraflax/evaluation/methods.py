@@ -12,6 +12,8 @@ from paraflax.evaluation.bench import Method
 def sampler_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0):
   """The sampler of the flags; a combination that would ignore a flag is a ValueError
   (temperature 0 is greedy: no top-k or top-p; top-k and top-p are exclusive)."""
+  if not temperature >= 0:
+    raise ValueError(f"--temperature must be >= 0 (0 = greedy decoding), got {temperature}")
   if top_k < 0 or not 0 < top_p <= 1:
     raise ValueError(f"--top-k must be >= 0 (0 = off) and --top-p in (0, 1] (1 = off), got "
                      f"{top_k} and {top_p}")

@@ -37,6 +37,7 @@ import tensorstore as ts
 from etils.epath import Path
 from tqdm.auto import tqdm
 
+from paraflax import destination
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import (append_text, json_field, read_json_object, write_atomic,
@@ -68,6 +69,10 @@ def read_progress(path: Path) -> int:
   return json_field(path / PROGRESS, read_json_object(path / PROGRESS), "batches", int, 0)
 
 
+class FewerExamples(UserWarning):
+  """A store made from records holds fewer examples than asked: there are no more prompts."""
+
+
 def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
   """`cfg.examples` random windows of a token stream: (prompts [N, P] right-padded, lengths).
 
@@ -97,7 +102,7 @@ class Prompts:
 def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] = (),
                    meta: Mapping | None = None) -> Prompts:
   """At most `cfg.examples` of the records' prompt ids `ids`, each record at most once, in an
-  order drawn from `cfg.seed` (fewer records: all of them).
+  order drawn from `cfg.seed` (fewer records: all of them, with a `FewerExamples` warning).
 
   `prefix[i]`: record i is a document without a prompt (a text record), cut to its first n
   tokens, n uniform in [min_prompt_len, max_prompt_len]. A prompt shorter than
@@ -114,6 +119,10 @@ def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] 
     raise ValueError(f"none of the {len(ids)} records has a prompt of min_prompt_len={lo} "
                      "tokens or more: lower --min-prompt-len")
   order = [usable[j] for j in rng.permutation(len(usable))[:cfg.examples]]
+  if len(order) < cfg.examples:
+    warnings.warn(f"the records give {len(order)} usable prompts: the store holds "
+                  f"{len(order)} examples, not the {cfg.examples} asked (examples)",
+                  FewerExamples, stacklevel=2)
   tokens = np.zeros((len(order), hi), np.int32)
   lengths = np.zeros(len(order), np.int32)
   for row, i in enumerate(order):
@@ -150,7 +159,10 @@ def num_batches(meta: Mapping) -> int:
 
 
 def writing(out: Path, *, what: str):
-  """The lock a command holds while it fills the store `out` (one writer per store)."""
+  """The lock a command holds while it fills the store `out` (one writer per store), once
+  `out` is known to be new, empty or a `what` (`destination.check_store_dir`): stores resume
+  in their own directory, and never fill another kind's or a user's other files."""
+  destination.check_store_dir(out, what)
   return lock.hold(out, what=what)
 
 
@@ -180,8 +192,8 @@ def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
     _trim_checksums(out, done)
     return {k: open_array(out, k) for k in shapes}, done
   out.mkdir(parents=True, exist_ok=True)
+  write_json(out / META, meta)  # first: a store killed while starting is still one of its kind
   arrays = {k: open_array(out, k, *shapes[k], create=True) for k in shapes}
-  write_json(out / META, meta)
   tokenizer.save(out / TOKENIZER)
   write_json(out / PROGRESS, {"batches": 0})
   made = [META, TOKENIZER] + [f"{k}/.zarray" for k in shapes]

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from etils import epath
 
 from paraflax.data.tokenizer import load_tokenizer
+from paraflax.hf import auto_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
-from paraflax.paths import model_dirs, resolve_path
+from paraflax.paths import is_hf_dir, model_dirs, resolve_path
 from paraflax.training.config import TrainConfig, read_config
 from paraflax.training.objectives import objective
 
@@ -72,6 +73,8 @@ def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> Tr
   `hf_dir`'s tokenizer (a store collected from it, or text)."""
   arch = architecture(hf_dir)  # first: a wrong directory says what was expected
   hf_dir = resolve_path(str(hf_dir))
+  if is_hf_dir(hf_dir):  # a warning when transformers' AutoTokenizer encodes it otherwise
+    auto_tokenizer.check(hf_dir, load_tokenizer(hf_dir))
   recipe = cfg.model
   data = cfg.data
   mask = data.mask_token or (MASK if recipe.mask_token_id is not None else None)

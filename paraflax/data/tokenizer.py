@@ -31,7 +31,6 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from paraflax.data.tokenizer_roles import read_roles, write_roles
 from paraflax.json_io import write_atomic
-from paraflax.paths import is_hf_dir
 
 PAD, EOS, MASK, SEP = "<pad>", "<eos>", "<mask>", "<sep>"
 SPECIAL_TOKENS = (PAD, EOS, MASK, SEP)  # ids 0, 1, 2, 3 in trained tokenizers
@@ -239,16 +238,12 @@ def load_tokenizer(path: str | os.PathLike, *, mask_token: str | None = None,
   """The tokenizer of the model directory `path` (a Hugging Face checkpoint, a training workdir,
   a `paraflax convert` output) with the roles its files name, and the method tokens
   `mask_token` / `sep_token` (strings) in the `mask` / `sep` roles, added when the vocabulary
-  lacks them (`Tokenizer.with_special_tokens`). A Hugging Face directory that transformers'
-  `AutoTokenizer` encodes otherwise gets a warning (`paraflax.hf.auto_tokenizer.check`)."""
+  lacks them (`Tokenizer.with_special_tokens`)."""
   path = epath.Path(path)
   if not (path / "tokenizer.json").is_file():
     raise ValueError(f"{str(path)!r} has no tokenizer: expected a Hugging Face directory "
                      "(config.json + *.safetensors + tokenizer.json) or a paraflax workdir")
   tok = Tokenizer.load(path)
-  if is_hf_dir(path):
-    from paraflax.hf import auto_tokenizer  # paraflax.hf imports this module
-    auto_tokenizer.check(path, tok)
   roles = {k: v for k, v in (("mask", mask_token), ("sep", sep_token)) if v is not None}
   return tok.with_special_tokens(roles) if roles else tok
 

@@ -50,7 +50,8 @@ def _store_kind(meta: Path) -> str:
 def kind(path: str | os.PathLike) -> str | None:
   """What the directory `path` holds (see the module docstring), None for anything else."""
   path = Path(path)
-  if (path / "meta.json").is_file():
+  if (path / "meta.json").is_file() and any(
+      (path / n).exists() for n in ("progress.json", "tokenizer.json", LOCK)):
     return _store_kind(path / "meta.json")
   if not (path / "config.json").is_file():
     return None

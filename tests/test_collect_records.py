@@ -159,6 +159,7 @@ def test_a_store_command_fills_only_a_new_empty_or_same_kind_directory(hf_dir, t
   teacher_store, notes = tmp_path / "teacher", tmp_path / "notes"
   teacher_store.mkdir()
   (teacher_store / "meta.json").write_text('{"answer_len": 4}')
+  (teacher_store / "progress.json").write_text('{"batches": 0}')
   notes.mkdir()
   (notes / "todo.txt").write_text("x")
   before = sorted(p.name for p in hf_dir.iterdir())
@@ -172,4 +173,4 @@ def test_a_store_command_fills_only_a_new_empty_or_same_kind_directory(hf_dir, t
         f"paraflax {command}: error: {str(out)!r} is not empty and is not a {kind} store (it "
         f"holds {holds}): name an empty or new directory for the {kind} store")
   assert sorted(p.name for p in hf_dir.iterdir()) == before
-  assert [p.name for p in teacher_store.iterdir()] == ["meta.json"]
+  assert sorted(p.name for p in teacher_store.iterdir()) == ["meta.json", "progress.json"]

@@ -110,6 +110,7 @@ def test_export_writes_over_nothing_a_user_owns(tmp_path, capsys):
   store = tmp_path / "outer" / "store"
   store.mkdir(parents=True)
   (store / "meta.json").write_text('{"answer_len": 8, "examples": 2, "batch_size": 2}')
+  (store / "progress.json").write_text('{"batches": 0}')
   for out, flags, says in [
       (work, ["--overwrite"], "it is a paraflax workdir"),
       (work / "hf", ["--overwrite"], f"it lies inside {str(work)!r}, a paraflax workdir"),

@@ -6,7 +6,6 @@ prints greedy AR's ids of the trained weights; the exportable ones reload in tra
 `bench` on the user's prompts and records is exact and reports their loss."""
 
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -153,7 +152,8 @@ def _hf_greedy(out: Path, prompt: str) -> list[int]:
 
 
 @pytest.mark.fast
-def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tmp_path):
+def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tmp_path,
+                                                              monkeypatch):
   """The user's Qwen2 dir with its own byte-level BPE: transformers 5 loads `Qwen2Tokenizer`
   (its pre-tokenizer, not tokenizer.json's) and splits "\\n    " otherwise; paraflax says so
   in one line naming what it uses. Its export, an HF-derived model with method tokens added
@@ -178,7 +178,7 @@ def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tm
                        mask_token_id=methods.mask_id, sep_token_id=methods.sep_id)
   export_hf(nnx.merge(*init_params(cfg, 0)), tmp_path / "methods", methods)
   _same_tokenizer_everywhere(tmp_path / "methods", methods)
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
   import random_hf_model
   made = random_hf_model.write(tmp_path / "random", vocab_size=300, max_files=3)
   _same_tokenizer_everywhere(made, load_hf_tokenizer(made))

@@ -250,7 +250,8 @@ def test_missing_directory_and_config(tmp_path):
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     load_hf_tokenizer(tmp_path / "empty")
   (tmp_path / "empty" / "model.safetensors.index.json").write_text('{"weight_map": []}')
-  with pytest.raises(ValueError, match=r"index.json: field 'weight_map' must be an object, got \[\]$"):
+  with pytest.raises(ValueError, match=r"index.json: field 'weight_map' must be an object, "
+                     r"got \[\]$"):
     load_hf(tmp_path / "empty")
   (tmp_path / "empty" / "config.json").write_text("[]")
   with pytest.raises(ValueError, match=r"empty/config.json: expected a JSON object, got list"):

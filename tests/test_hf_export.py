@@ -105,7 +105,7 @@ def test_export_writes_over_nothing_a_user_owns(tmp_path, capsys):
   whole (its stale files gone)."""
   work = shutil.copytree(ROOT / "checkpoints" / "ar_drafter", tmp_path / "W")
   before = _files(work)
-  export = lambda out, *flags: ["export", "--workdir", str(work), "--to-hf", str(out), *flags]
+  argv = lambda out, *flags: ["export", "--workdir", str(work), "--to-hf", str(out), *flags]
   (tmp_path / "file").write_text("x")
   store = tmp_path / "outer" / "store"
   store.mkdir(parents=True)
@@ -118,15 +118,15 @@ def test_export_writes_over_nothing_a_user_owns(tmp_path, capsys):
       (tmp_path / "outer", [], "is not empty (other files): pass --overwrite"),
       (tmp_path / "outer", ["--overwrite"], f"it contains {str(store)!r}, a teacher store"),
       (tmp_path, ["--overwrite"], "it contains the model's own source directory")]:
-    assert says in _one_line_error(capsys, export(out, *flags)), (out, flags)
+    assert says in _one_line_error(capsys, argv(out, *flags)), (out, flags)
   assert _files(work) == before and (tmp_path / "file").read_text() == "x"
   old = tmp_path / "old"
-  assert cli.main(export(old)) == 0
+  assert cli.main(argv(old)) == 0
   (old / "model.safetensors.index.json").write_text("{}")  # would shadow the new weights
-  assert "is not empty (Hugging Face directory)" in _one_line_error(capsys, export(old))
+  assert "is not empty (Hugging Face directory)" in _one_line_error(capsys, argv(old))
   assert "it is the model's own source directory" in _one_line_error(
       capsys, ["export", "--hf", str(old), "--to-hf", str(old), "--overwrite"])
-  assert cli.main(export(old, "--overwrite")) == 0
+  assert cli.main(argv(old, "--overwrite")) == 0
   assert not (old / "model.safetensors.index.json").exists()
   assert sorted(p.name for p in tmp_path.iterdir()) == ["W", "file", "old", "outer"]
 

@@ -38,9 +38,9 @@ from paraflax.hf.safetensors_io import write_safetensors
 
 WEIGHTS = "model.safetensors"
 TOKENIZER_MODULE = "tokenization_paraflax"  # `auto_map`'s class, for trust_remote_code=True
-_TOKENIZER_CLASS = '''"""The tokenizer of this directory exactly as tokenizer.json defines it (written by paraflax:
-`auto_map` in tokenizer_config.json names it, so that `AutoTokenizer` never rebuilds it with a
-model family's own pre-tokenizer)."""
+_TOKENIZER_CLASS = '''"""This directory's tokenizer exactly as tokenizer.json defines it (written by
+paraflax: `auto_map` in tokenizer_config.json names it, so that `AutoTokenizer` never rebuilds
+it with a model family's own pre-tokenizer)."""
 
 from transformers import PreTrainedTokenizerFast
 

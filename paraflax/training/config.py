@@ -18,10 +18,10 @@ from typing import Any
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.data.source import DataSource, as_pairs, get_source, source_args
+from paraflax.json_io import read_json_object
 from paraflax.sharding import MeshConfig
 from paraflax.training import fields
 from paraflax.training.objectives import STEP, objective
-from paraflax.json_io import read_json_object
 from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
 from paraflax.paths import resolve_path
 

@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import sys
+import warnings
 
 from paraflax import methods
 from paraflax.paths import CACHE, CONFIGS
@@ -104,14 +105,18 @@ def _collect_flags(q) -> None:
 
 def cmd_convert(args):
   from paraflax import hf
-  info = hf.convert_hf(args.from_hf, args.out)
+  info = hf.convert_hf(args.from_hf, args.out, overwrite=args.overwrite)
   print(json.dumps({k: str(v) for k, v in info.items()}))
 
 
 def cmd_export(args):
-  from paraflax import hf, loading
+  from paraflax import destination, hf, loading
+  from paraflax.paths import model_dirs
+  source = next(d for d in model_dirs(args.workdir, args.hf) if d)
+  destination.check_output(args.to_hf, overwrite=args.overwrite, source=source)  # before loading
   model, tok, _ = loading.load_model(args.workdir, args.hf)
-  print(f"wrote {hf.export_hf(model, args.to_hf, tokenizer=tok)}")  # every EOS id, roles
+  out = hf.export_hf(model, args.to_hf, tokenizer=tok, overwrite=args.overwrite, source=source)
+  print(f"wrote {out}")  # every EOS id, roles
 
 
 def cmd_checksum(args):
@@ -221,12 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
 
   c = command("convert", cmd_convert, "Hugging Face checkpoint -> paraflax (orbax) directory")
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")
-  c.add_argument("--out", required=True)
+  c.add_argument("--out", required=True, help="output directory: new or empty (see --overwrite)")
+  c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the "
+                 "new one is complete (never a training workdir, a store or --from-hf itself)")
 
   e = command("export", cmd_export, "paraflax model -> a Hugging Face directory (weights, "
               "config, generation config, tokenizer files)")
   model_flags(e)
-  e.add_argument("--to-hf", required=True, help="output directory")
+  e.add_argument("--to-hf", required=True, help="output directory: new or empty (see "
+                 "--overwrite)")
+  e.add_argument("--overwrite", action="store_true", help="replace a non-empty --to-hf once "
+                 "the new export is complete (never a training workdir, a store or the model's "
+                 "own directory)")
 
   f = command("perf", cmd_perf, "measure this device: slot cost, decode steps, training "
               "steps (MFU), the demo family; JSON rows and markdown tables")
@@ -240,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+def _one_line_warnings(command: str, fallback):
+  """A `warnings.showwarning` printing paraflax's own warnings as one line."""
+  def show(message, category, filename, lineno, file=None, line=None):
+    if not category.__module__.startswith("paraflax"):
+      return fallback(message, category, filename, lineno, file, line)
+    print(f"paraflax {command}: warning: {message}", file=sys.stderr)
+  return show
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = build_parser().parse_args(argv)
@@ -248,6 +268,12 @@ def main(argv=None) -> int:
   if not getattr(args, "dry_run", False):
     jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  with warnings.catch_warnings():
+    warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+    return _run(args)
+
+
+def _run(args) -> int:
   try:
     return args.fn(args) or 0
   except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from etils import epath
 
 from paraflax.data.tokenizer import load_tokenizer
+from paraflax.hf import auto_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
-from paraflax.json_io import read_json
-from paraflax.paths import model_dirs, resolve_path
-from paraflax.training.config import TrainConfig
+from paraflax.paths import is_hf_dir, model_dirs, resolve_path
+from paraflax.training.config import TrainConfig, read_config
 from paraflax.training.objectives import objective
 
 MASK, SEP = "<mask>", "<sep>"  # the method tokens' default strings
@@ -63,7 +63,7 @@ def architecture(model_dir: str):
     raise ValueError(f"--hf {e}") from None
   if hf:
     return model_config_from_hf(read_hf_config(hf))
-  return TrainConfig.from_dict(read_json(epath.Path(workdir) / "config.json")).model
+  return read_config(epath.Path(workdir) / "config.json").model
 
 
 def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> TrainConfig:
@@ -73,6 +73,8 @@ def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> Tr
   `hf_dir`'s tokenizer (a store collected from it, or text)."""
   arch = architecture(hf_dir)  # first: a wrong directory says what was expected
   hf_dir = resolve_path(str(hf_dir))
+  if is_hf_dir(hf_dir):  # a warning when transformers' AutoTokenizer encodes it otherwise
+    auto_tokenizer.check(hf_dir, load_tokenizer(hf_dir))
   recipe = cfg.model
   data = cfg.data
   mask = data.mask_token or (MASK if recipe.mask_token_id is not None else None)

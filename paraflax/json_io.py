@@ -31,6 +31,30 @@ def read_json(path: str | os.PathLike) -> Any:
     raise ValueError(f"{path}: not valid JSON, {what} ({e})") from None
 
 
+def read_json_object(path: str | os.PathLike) -> dict:
+  """`read_json` of a file that must hold a JSON object (a config): another value is one
+  ValueError line naming the file."""
+  value = read_json(path)
+  if not isinstance(value, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__} "
+                     f"{json.dumps(value)[:40]}")
+  return value
+
+
+def json_field(path, obj: dict, name: str, kind: type, lo: int | None = None):
+  """`obj[name]` of the JSON object read from `path`, checked to be a `kind` (an int >= `lo`):
+  missing or of another type, one ValueError line naming the file and the field."""
+  if name not in obj:
+    raise ValueError(f"{path}: missing field {name!r}")
+  value = obj[name]
+  ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+  if not ok or (lo is not None and value < lo):
+    want = {int: "an int", str: "a string", dict: "an object", list: "a list"}.get(kind, kind)
+    raise ValueError(f"{path}: field {name!r} must be {want}"
+                     f"{'' if lo is None else f' >= {lo}'}, got {json.dumps(value)[:40]}")
+  return value
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
   """Write a file through a temporary one and a rename (a killed run never leaves half a
   file; on object stores each object appears whole anyway)."""

@@ -20,45 +20,42 @@ def load_model(workdir=None, hf=None):
   return model, tok, lambda text: hf_io.encode_prompt(tok, text)  # as HF: its BOS first
 
 
+def common_ids(a, b) -> int | None:
+  """How many ids mean the same text to the tokenizers `a` and `b`: the ids of the tokenizer
+  both are once each one's own method tokens are removed (`Tokenizer.without_method_tokens`:
+  a TiDAR's `<mask>`, a DEER drafter's `<mask>` and `<sep>`, added after its base's ids);
+  None when they differ otherwise."""
+  base_a, base_b = a.without_method_tokens(), b.without_method_tokens()
+  return base_a.vocab_size if base_a.fingerprint() == base_b.fingerprint() else None
+
+
 def load_related(workdir, tok, vocab_size: int, flag: str):
-  """A training run's model made with the base's tokenizer and vocabulary, or with those plus
-  its own method tokens (a TiDAR trained from the base's HF dir: `<mask>` after its ids, rows
-  grown to hold it); a ValueError naming `flag`, the option that gave `workdir`, otherwise."""
+  """A training run's model made with the base's tokenizer (each may have its own method
+  tokens: `common_ids`) and the base's `vocab_size` rows, grown only to hold its own method
+  tokens (a TiDAR trained from the base's HF dir: `<mask>` after its ids); a ValueError naming
+  `flag`, the option that gave `workdir`, otherwise."""
   from paraflax.training import load_trained
   other, other_tok, _ = load_trained(workdir)
-  # its own method tokens (TiDAR's <mask>, trained from the base's HF dir) may grow its rows
-  if not _encodes_as(other_tok, tok) or other.cfg.vocab_size != max(vocab_size,
-                                                                      other_tok.vocab_size):
+  if common_ids(other_tok, tok) is None or other.cfg.vocab_size != max(vocab_size,
+                                                                       other_tok.vocab_size):
     raise ValueError(f"{flag} {workdir!r} was not trained "
                      "with the base model's tokenizer and vocabulary")
   return other
 
 
-def load_drafter(workdir, hf, tok):
-  """A draft model (workdir or HF dir) made with the verifier's tokenizer `tok` (plus its own
-  method tokens: a DEER drafter trained from the verifier's HF dir). Row counts may
-  differ (Qwen2.5-0.5B has 151936, 7B 152064, one 151665-id tokenizer): the decoders draft
-  only below `shared_vocab`."""
+def load_drafter(workdir, hf, tok, model) -> tuple:
+  """(drafter, vocab): the draft model of `workdir` or `hf` for the verifier `model` whose
+  tokenizer is `tok`, and the ids it may propose (`vocab=` of `Speculative` / `DEER`). One
+  rule both ways: their tokenizers must be equal once each one's own method tokens are
+  removed (a DEER drafter's, a TiDAR verifier's: `common_ids`), and the drafter proposes only
+  those common ids, within both models' rows, so that every id it proposes means the same text
+  to the verifier; row counts may differ (Qwen2.5-0.5B has 151936, 7B 152064, one 151665-id
+  tokenizer). Otherwise one ValueError line naming both tokenizers."""
   draft, draft_tok, _ = load_model(workdir, hf)
-  if not _encodes_as(draft_tok, tok):
+  common = common_ids(draft_tok, tok)
+  if common is None:
     raise ValueError(f"the drafter {workdir or hf!r} has another tokenizer than the model: "
                      f"fingerprint {draft_tok.fingerprint()[:12]} ({draft_tok.vocab_size} ids) "
-                     f"!= {tok.fingerprint()[:12]} ({tok.vocab_size} ids)")
-  return draft
-
-
-def _encodes_as(draft_tok, tok) -> bool:
-  """Whether a drafter's (or other weights') tokenizer `draft_tok` encodes as the base's
-  `tok`: the same tokenizer, or `tok` with its own method tokens (DEER's `<mask>`, `<sep>`,
-  TiDAR's `<mask>`) added after its ids, which drafts never propose (`shared_vocab`)."""
-  if draft_tok.fingerprint() == tok.fingerprint():
-    return True
-  roles = {role: draft_tok.backend.id_to_token(i) for role, i in
-           (("mask", draft_tok.mask_id), ("sep", draft_tok.sep_id)) if i is not None}
-  return bool(roles) and tok.with_special_tokens(roles).fingerprint() == draft_tok.fingerprint()
-
-
-def shared_vocab(tok, model, draft) -> int:
-  """The ids a drafter may propose to a verifier sharing tokenizer `tok`: the tokenizer's real
-  ids, within both models' rows (`vocab=` of `Speculative` / `DEER`)."""
-  return min(tok.vocab_size, model.cfg.vocab_size, draft.cfg.vocab_size)
+                     f"!= {tok.fingerprint()[:12]} ({tok.vocab_size} ids), and not only in "
+                     "their own method tokens (<mask>, <sep>)")
+  return draft, min(common, model.cfg.vocab_size, draft.cfg.vocab_size)

@@ -59,13 +59,13 @@ def main():
   prompts = humaneval_prompts(encode, 8, min(192, model.cfg.max_seq_len - 64))
   rows = []
   for name, workdir, configs in args.drafter or DRAFTERS:
-    draft = load_drafter(str(REPO / workdir), None, tok)
+    draft, vocab = load_drafter(str(REPO / workdir), None, tok, model)
     kind = decoders.Speculative if draft.cfg.mask_token_id is None else decoders.DEER
     count = targets(configs, args.teacher) if args.teacher and configs else None
     # ROUNDS interleaved rounds of AR and every k, the best tokens/s of each kept: the cores
     # are shared with other jobs, whose load comes and goes
     one = [Method("ar", decoders.AR(), "greedy")] + [
-        Method(f"k{k}", kind(k), draft_model=draft) for k in KS]
+        Method(f"k{k}", kind(k, vocab=vocab), draft_model=draft) for k in KS]
     bench = run_bench(model, prompts, one * ROUNDS, eos_id=tok.eos_ids)
     ar_tps = max(r.tokens_per_second for r in bench[::len(one)])
     for i, k in enumerate(KS):

@@ -1,7 +1,9 @@
 """A random-weight Hugging Face checkpoint, saved by transformers, to try the bring-your-own-
 model commands offline: Qwen2 at a tiny shape or at Qwen2.5-0.5B's, with a byte-level BPE
 trained on a few standard-library files, Qwen's special tokens and its ChatML chat template
-(EOS: `<|im_end|>` and `<|endoftext|>`, as Qwen2.5-Instruct lists them).
+(EOS: `<|im_end|>` and `<|endoftext|>`, as Qwen2.5-Instruct lists them). Its tokenizer files
+are the ones `paraflax export` writes (`write_tokenizer_files`), so that transformers'
+`AutoTokenizer` encodes as tokenizer.json does.
 
     python scripts/random_hf_model.py runs/random_qwen                        # tiny, 2 layers
     python scripts/random_hf_model.py /tmp/q05 --shape qwen2.5-0.5b           # 494M, bf16
@@ -13,7 +15,6 @@ gives are of cost and memory, and every decoder's output equals greedy AR's.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_pad|>")  # Qwen's, ids 0-3
@@ -31,8 +32,9 @@ SHAPES = {
 }
 
 
-def tokenizer(vocab_size: int):
-  """A byte-level BPE of `vocab_size` ids trained on a few stdlib files, Qwen's specials first."""
+def tokenizer(vocab_size: int, max_files: int = 40):
+  """A byte-level BPE of `vocab_size` ids trained on `max_files` stdlib files, Qwen's specials
+  first."""
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -40,18 +42,22 @@ def tokenizer(vocab_size: int):
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(stdlib_documents("train", max_files=40), trainers.BpeTrainer(
+  tok.train_from_iterator(stdlib_documents("train", max_files=max_files), trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(SPECIAL),
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
   return tok
 
 
-def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: int = 0) -> Path:
+def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: int = 0,
+          max_files: int = 40) -> Path:
   """Write the checkpoint to `out` (model, tokenizer, chat template, generation config)."""
   import torch
   import transformers
+
+  from paraflax.data.tokenizer import Tokenizer
+  from paraflax.hf.export import write_tokenizer_files
   out = Path(out)
-  tok = tokenizer(vocab_size)
+  tok = tokenizer(vocab_size, max_files)
   eos, end = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
   dims = dict(SHAPES[shape])
   dtype = getattr(torch, dims.pop("torch_dtype"))
@@ -60,12 +66,9 @@ def write(out: str | Path, shape: str = "tiny", vocab_size: int = 1024, seed: in
   cfg = transformers.Qwen2Config(**dims, eos_token_id=[eos, end], pad_token_id=end,
                                  bos_token_id=None)
   transformers.Qwen2ForCausalLM(cfg).to(dtype).save_pretrained(out)
-  tok.save(str(out / "tokenizer.json"))
-  (out / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-      "pad_token": "<|endoftext|>", "chat_template": CHATML}, indent=2))
-  (out / "generation_config.json").write_text(json.dumps(
-      {"eos_token_id": [eos, end], "pad_token_id": end}, indent=2))
+  roles = Tokenizer(tok, special_tokens={"pad": "<|endoftext|>"}, eos_ids=[eos, end],
+                    chat_template=CHATML, encode_special_tokens=False)
+  write_tokenizer_files(out, roles, cfg.max_position_embeddings)
   return out
 
 

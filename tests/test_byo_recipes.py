@@ -6,6 +6,7 @@ prints greedy AR's ids of the trained weights; the exportable ones reload in tra
 `bench` on the user's prompts and records is exact and reports their loss."""
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,12 @@ from conftest import full_logits
 import tokenizers
 import torch
 import transformers
+from flax import nnx
 
+import paraflax as pf
 from paraflax import cli
+from paraflax.hf import auto_tokenizer, export_hf, load_hf_tokenizer
+from paraflax.hf.chat import chat_template
 from paraflax.training import load_trained
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "hf"
@@ -106,12 +111,27 @@ def _hf_model(path):
   return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+def _same_tokenizer_everywhere(path: Path, tok) -> None:
+  """transformers' AutoTokenizer of the HF dir `path` (with and without trust_remote_code)
+  encodes the probe texts, chat turns and special tokens to `tok`'s ids and decodes every id
+  to `tok`'s text; paraflax reads `path` as `tok`, without a warning."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", auto_tokenizer.TokenizerWarning)
+    assert load_hf_tokenizer(path).fingerprint() == tok.fingerprint()
+  texts = auto_tokenizer.probe_texts(tok, chat_template(path))
+  assert len(texts) > len(auto_tokenizer.PROBES) + 2  # its special tokens and a chat turn
+  for trust in (False, True):
+    auto = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    assert auto_tokenizer.differences(auto, tok, texts) is None, (type(auto), trust)
+
+
 def _check_export(capsys, run: Path, out: Path, base: Path) -> None:
   """`export` of `run` reloads in transformers with paraflax's logits (within 1e-4), which
-  training moved away from the `base` HF dir's."""
+  training moved away from the `base` HF dir's, and its tokenizer encodes as paraflax's."""
   assert cli.main(["export", "--workdir", str(run), "--to-hf", str(out)]) == 0
   capsys.readouterr()
   model, tok, _ = load_trained(run)
+  _same_tokenizer_everywhere(out, tok)
   tokens = np.random.RandomState(0).randint(0, tok.vocab_size, (2, 20))
   with torch.no_grad():
     got = _hf_model(out)(torch.tensor(tokens)).logits.numpy()
@@ -129,6 +149,39 @@ def _hf_greedy(out: Path, prompt: str) -> list[int]:
   with torch.no_grad():
     got = _hf_model(out).generate(ids, max_new_tokens=NEW, do_sample=False)
   return got[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.fast
+def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tmp_path,
+                                                              monkeypatch):
+  """The user's Qwen2 dir with its own byte-level BPE: transformers 5 loads `Qwen2Tokenizer`
+  (its pre-tokenizer, not tokenizer.json's) and splits "\\n    " otherwise; paraflax says so
+  in one line naming what it uses. Its export, an HF-derived model with method tokens added
+  (<mask>, <sep>) and `random_hf_model.py`'s output encode and decode alike everywhere."""
+  auto = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  source = load_hf_tokenizer(hf_dir)
+  text = "def f(xs):\n    return"
+  assert auto(text)["input_ids"] != source.encode(text)  # the mismatch the export avoids
+  assert cli.main(["export", "--hf", str(hf_dir), "--to-hf", str(tmp_path / "out")]) == 0
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.startswith("paraflax export: warning: "), err
+  assert "Qwen2Tokenizer" in err and "paraflax uses its tokenizer.json" in err
+  _same_tokenizer_everywhere(tmp_path / "out", source)
+  chat = transformers.AutoTokenizer.from_pretrained(tmp_path / "out").apply_chat_template(
+      [{"role": "user", "content": "print(1)\n  x"}], add_generation_prompt=True)
+  assert chat["input_ids"] == source.encode(
+      "<|im_start|>user\nprint(1)\n  x<|im_end|>\n<|im_start|>assistant\n")
+  from paraflax.training.trainer import init_params
+  methods = source.with_special_tokens({"mask": "<mask>", "sep": "<sep>"})
+  cfg = pf.ModelConfig(vocab_size=methods.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                       n_kv_heads=1, d_ff=32, max_seq_len=64, qkv_bias=True,
+                       mask_token_id=methods.mask_id, sep_token_id=methods.sep_id)
+  export_hf(nnx.merge(*init_params(cfg, 0)), tmp_path / "methods", methods)
+  _same_tokenizer_everywhere(tmp_path / "methods", methods)
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+  import random_hf_model
+  made = random_hf_model.write(tmp_path / "random", vocab_size=300, max_files=3)
+  _same_tokenizer_everywhere(made, load_hf_tokenizer(made))
 
 
 @pytest.mark.slow
@@ -180,6 +233,9 @@ def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data
          "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
+  # the base it was trained from drafts for it (the verifier has a <mask> of its own)
+  assert _ids(capsys, "--workdir", str(run), "--decoder", "speculative", "--draft",
+              str(hf_dir)) == ar
   _check_export(capsys, run, tmp_path / "out", hf_dir)
   # the bench on the user's prompts and records: every method of the HF model and of the
   # TiDAR beside it (its rows grown by <mask>) is exact, each weights' loss on the records
@@ -210,6 +266,7 @@ def test_deer_drafter_stage1_then_stage2_drafts_exactly_for_the_hf_model(
   for config, workdir, init in (("deer_stage1.py", d1, hf_dir), ("deer_stage2.py", d2, d1)):
     _train(capsys, config, workdir, "--hf", str(init), *common)
   ar = _ids(capsys, "--hf", str(hf_dir), "--decoder", "ar")
+  # the drafter has <mask> and <sep> of its own, the verifier none
   assert _ids(capsys, "--hf", str(hf_dir), "--decoder", "deer", "--draft", str(d2)) == ar
 
 

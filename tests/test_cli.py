@@ -70,15 +70,28 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     (["--temperature", "0", "--top-p", "0.9"], "--top-p needs --temperature > 0"),
     (["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9"], "--top-k or --top-p, not both"),
     (["--temperature", "0.8", "--top-p", "1.5"], "--top-p in \\(0, 1\\]"),
-    (["--temperature", "-1"], "temperature must be > 0"),
+    (["--temperature", "-1"], "--temperature must be >= 0 \\(0 = greedy decoding\\), got -1.0$"),
 ])
 def test_sampling_flags_that_would_be_ignored_are_refused(tmp_path, capsys, flags, match):
-  """Checked before the model loads (the workdir does not exist): one line, exit code 2."""
+  """Checked before the model loads (the workdir does not exist): one line, exit code 2,
+  in the command's own terms (flags, not API calls)."""
   argv = ["generate", "--workdir", str(tmp_path / "missing"), "--prompt", "x", *flags]
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("paraflax generate: error:") and "\n" not in err
-  assert re.search(match, err) and "missing" not in err
+  assert re.search(match, err) and "missing" not in err and "()" not in err
+
+
+@pytest.mark.fast
+def test_a_missing_or_empty_prompts_file_is_named(tmp_path, capsys):
+  (tmp_path / "empty.jsonl").write_text("\n")
+  for name, says in (("nope.jsonl", "not found"), ("empty.jsonl", "holds no records: one JSON "
+                     "object per line, {\"prompt\": TEXT} or {\"messages\": [...]}")):
+    file = tmp_path / name
+    assert cli.main(["generate", "--workdir", str(tmp_path / "missing"), "--prompts-file",
+                     str(file)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"paraflax generate: error: --prompts-file {str(file)!r} {says}")
 
 
 @pytest.mark.slow

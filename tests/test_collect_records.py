@@ -19,7 +19,7 @@ from paraflax.data.tokenizer import Tokenizer
 from paraflax.hf import load_hf_tokenizer
 from paraflax.hf.chat import ChatTemplate
 from paraflax.training import teacher, trajectories
-from paraflax.training.store import TOKENIZER, record_prompts
+from paraflax.training.store import TOKENIZER, FewerExamples, record_prompts
 
 RECORDS = [
     {"prompt": "def add(a, b):\n", "response": "    return a + b\n"},
@@ -44,9 +44,12 @@ def _data(tmp_path):
   return ["--data", str(tmp_path / "a.jsonl"), "--data", str(tmp_path / "b.jsonl")]
 
 
-def _summary(capsys, *argv) -> dict:
+def _summary(capsys, *argv) -> tuple[dict, list[str]]:
+  """The command's JSON summary and its warning lines about the examples."""
   assert cli.main(list(argv)) == 0
-  return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  out, err = capsys.readouterr()
+  return (json.loads(out.strip().splitlines()[-1]),
+          [line for line in err.splitlines() if ": warning: " in line and "asked" in line])
 
 
 @pytest.mark.fast
@@ -61,9 +64,12 @@ def test_record_prompts_cut_skip_cap_and_order():
   again = record_prompts(ids, cfg)
   np.testing.assert_array_equal(again.tokens, p.tokens)
   assert again.meta == p.meta  # a digest of the prompts: a changed file is not resumed
-  every = record_prompts(ids, dataclasses.replace(cfg, examples=99))
+  with pytest.warns(FewerExamples, match="give 4 usable prompts: the store holds 4 examples, "
+                    "not the 99 asked"):  # said, not quietly fewer
+    every = record_prompts(ids, dataclasses.replace(cfg, examples=99))
   assert len(every.lengths) == 4  # fewer records than examples: all of them, once each
-  text = record_prompts([list(range(1, 30))], cfg, prefix=[True])
+  text = record_prompts([list(range(1, 30))], dataclasses.replace(cfg, examples=1),
+                        prefix=[True])
   assert 2 <= text.lengths[0] <= 4 and text.tokens[0, 0] == 1  # a text record: its beginning
 
 
@@ -76,10 +82,13 @@ def test_teacher_data_and_trajectories_from_records(hf_dir, tmp_path, capsys):
   want = {w for w in want if len(w) >= 3}
   assert len(want) == 3
   out = tmp_path / "teacher"
-  summary = _summary(capsys, "teacher-data", "--hf", str(hf_dir), "--out", str(out), *flags,
-                     "--examples", "10", "--answer-len", "3", "--min-prompt-len", "3",
-                     "--max-prompt-len", str(MAX_P), "--batch-size", "2")
+  summary, warned = _summary(capsys, "teacher-data", "--hf", str(hf_dir), "--out", str(out),
+                             *flags, "--examples", "10", "--answer-len", "3",
+                             "--min-prompt-len", "3", "--max-prompt-len", str(MAX_P),
+                             "--batch-size", "2")
   assert summary["examples"] == 3 and summary["records"] == 4
+  assert warned == ["paraflax teacher-data: warning: the records give 3 usable prompts: the "
+                    "store holds 3 examples, not the 10 asked (examples)"]
   assert summary["prompts_too_short"] == 1 and summary["prompts_cut_to_max"] == 1
   store = teacher.load(out)
   got = {tuple(r[:n]) for r, n in zip(store.prompts.tolist(), store.prompt_lens)}
@@ -90,11 +99,11 @@ def test_teacher_data_and_trajectories_from_records(hf_dir, tmp_path, capsys):
   assert Tokenizer.load(out / TOKENIZER).fingerprint() == tok.fingerprint()
   assert store.meta["source"] == str(hf_dir) and len(store.meta["data"]) == 2
   out = tmp_path / "traj"
-  summary = _summary(capsys, "collect-trajectories", "--hf", str(hf_dir), "--out", str(out),
-                     *flags, "--examples", "2", "--block-size", "2", "--num-blocks", "1",
-                     "--min-prompt-len", "3", "--max-prompt-len", str(MAX_P),
-                     "--batch-size", "2")
-  assert summary["examples"] == 2
+  summary, warned = _summary(capsys, "collect-trajectories", "--hf", str(hf_dir), "--out",
+                             str(out), *flags, "--examples", "2", "--block-size", "2",
+                             "--num-blocks", "1", "--min-prompt-len", "3", "--max-prompt-len",
+                             str(MAX_P), "--batch-size", "2")
+  assert summary["examples"] == 2 and warned == []
   traj = trajectories.load(out)
   assert {tuple(r[:n]) for r, n in zip(traj.prompts.tolist(), traj.prompt_lens)} < want
 
@@ -140,3 +149,28 @@ def test_the_stdlib_source_encodes_with_data_tokenizer(hf_dir, tmp_path):
   assert repr(str(hf_dir)) in opened.tokenizer_source
   assert opened.tokenizer.fingerprint() == load_hf_tokenizer(hf_dir).fingerprint()
   assert set(next(opened.train)) == {"tokens"}
+
+
+@pytest.mark.fast
+def test_a_store_command_fills_only_a_new_empty_or_same_kind_directory(hf_dir, tmp_path, capsys):
+  """Stores resume in their own directory, so `--out` must be new, empty or a store of the
+  command's kind: the model's own directory, another kind's store or other files are refused
+  in one line before the model loads, and nothing is written there (not even a lock)."""
+  teacher_store, notes = tmp_path / "teacher", tmp_path / "notes"
+  teacher_store.mkdir()
+  (teacher_store / "meta.json").write_text('{"answer_len": 4}')
+  (teacher_store / "progress.json").write_text('{"batches": 0}')
+  notes.mkdir()
+  (notes / "todo.txt").write_text("x")
+  before = sorted(p.name for p in hf_dir.iterdir())
+  for command, out, holds in [
+      ("collect-trajectories", hf_dir, "a Hugging Face directory"),
+      ("collect-trajectories", teacher_store, "a teacher store"),
+      ("teacher-data", notes, "other files")]:
+    assert cli.main([command, "--hf", str(hf_dir), "--out", str(out), *_data(tmp_path)]) == 2
+    kind = command.split("-")[0].replace("collect", "trajectory")
+    assert capsys.readouterr().err.strip() == (
+        f"paraflax {command}: error: {str(out)!r} is not empty and is not a {kind} store (it "
+        f"holds {holds}): name an empty or new directory for the {kind} store")
+  assert sorted(p.name for p in hf_dir.iterdir()) == before
+  assert sorted(p.name for p in teacher_store.iterdir()) == ["meta.json", "progress.json"]

@@ -58,6 +58,15 @@ def test_missing_and_empty_files(tmp_path):
 
 
 @pytest.mark.fast
+def test_a_cut_last_line_names_its_column_once(tmp_path):
+  path = tmp_path / "cut.jsonl"
+  path.write_text('{"text": "ok"}\n{"text": "cu')  # a writer killed mid-line
+  with pytest.raises(ValueError) as err:
+    read_jsonl(path)
+  assert str(err.value) == f"{path}:2: malformed JSON (Unterminated string starting at column 10)"
+
+
+@pytest.mark.fast
 def test_invalid_utf8_names_file_line_and_column(tmp_path):
   path = tmp_path / "latin1.jsonl"
   path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')

@@ -4,6 +4,7 @@ deterministic split and `loss_mask` batches, packed with their tokens."""
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -138,6 +139,14 @@ def test_jsonl_source_split_masks_and_packing(tmp_path):
   all_on = get_source("jsonl", {"paths": [str(tmp_path / "d.jsonl")], "loss_on": "all",
                                 "val_fraction": 0.25}).open(data, progress=False)
   assert all(b["loss_mask"].all() for b in all_on.validation)
+  # a split too small names the JSONL source's own field (data.val_fraction is the corpus's)
+  for fraction, cfg, says in ((0.25, _source_cfg(tmp_path, seq_len=200),
+                               "fewer than one batch of 2: raise data_source_args.val_fraction"),
+                              (0.001, data, "leave no validation documents at "
+                               "data_source_args.val_fraction=0.001")):
+    with pytest.raises(ValueError, match=re.escape(says)):
+      get_source("jsonl", {"paths": str(tmp_path / "d.jsonl"),
+                           "val_fraction": fraction}).open(cfg, progress=False)
 
 
 @pytest.mark.fast

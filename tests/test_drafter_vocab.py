@@ -137,9 +137,7 @@ def test_stochastic_drafter_with_extra_rows_samples_the_ar_joint(monkeypatch, fr
 
 
 class _Tok:
-  """Just what `load_drafter` compares of a tokenizer."""
-
-  mask_id = sep_id = None  # no method tokens of its own
+  """Just what `load_drafter` compares of a tokenizer (no method tokens of its own)."""
 
   def __init__(self, fingerprint: str, vocab_size: int):
     self._fingerprint, self.vocab_size = fingerprint, vocab_size
@@ -147,41 +145,50 @@ class _Tok:
   def fingerprint(self):
     return self._fingerprint
 
+  def without_method_tokens(self):
+    return self
+
 
 @pytest.mark.fast
 def test_load_drafter_compares_tokenizers_not_rows(model, monkeypatch):
   drafter = micro_model(seed=7, vocab_size=56, d_model=16, n_layers=1)
   theirs = _Tok("a" * 16, 44)
   monkeypatch.setattr(loading, "load_model", lambda workdir, hf: (drafter, theirs, None))
-  assert loading.load_drafter("d", None, _Tok("a" * 16, 44)) is drafter  # 56 rows vs 48: fine
-  assert loading.shared_vocab(theirs, model, drafter) == 44  # the tokenizer's real ids
+  got, vocab = loading.load_drafter("d", None, _Tok("a" * 16, 44), model)  # 56 rows vs 48
+  assert got is drafter and vocab == 44  # the tokenizer's real ids
   with pytest.raises(ValueError, match=r"^the drafter 'd' has another tokenizer than the model: "
-                     r"fingerprint aaaaaaaaaaaa \(44 ids\) != bbbbbbbbbbbb \(44 ids\)$"):
-    loading.load_drafter("d", None, _Tok("b" * 16, 44))
+                     r"fingerprint aaaaaaaaaaaa \(44 ids\) != bbbbbbbbbbbb \(44 ids\), and not "
+                     r"only in their own method tokens \(<mask>, <sep>\)$"):
+    loading.load_drafter("d", None, _Tok("b" * 16, 44), model)
 
 
 @pytest.mark.fast
-def test_a_drafter_may_add_its_own_method_tokens_to_the_verifiers_tokenizer(monkeypatch):
-  """A DEER drafter (or a TiDAR) trained from the verifier's HF dir gains <mask> (and <sep>)
-  after its ids: accepted (drafts stay below the verifier's ids); other changes are refused."""
+def test_drafter_and_verifier_may_each_add_their_own_method_tokens(model, monkeypatch):
+  """One rule both ways: tokenizers equal once each one's own method tokens (<mask>, <sep>
+  added after its ids) are removed. A base drafter for a TiDAR verifier (base + <mask>), a
+  DEER drafter (base + <mask>, <sep>) for a base or a TiDAR verifier: paired, drafting only
+  the base's ids; another token added, or <mask> added to a base that differs, is refused."""
   import tokenizers
   from paraflax.data.tokenizer import Tokenizer
   base = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "<eos>": 2}, "a"))
   tok = Tokenizer(base, special_tokens={"pad": "<eos>", "eos": "<eos>"})
+  tidar = tok.with_special_tokens({"mask": "<mask>"})
   deer = tok.with_special_tokens({"mask": "<mask>", "sep": "<sep>"})
   other = Tokenizer(tokenizers.Tokenizer.from_str(base.to_str()))
   other.backend.add_tokens(["c"])
   drafter = micro_model(seed=7, d_model=16, n_layers=1)
-  for draft_tok, ok in ((tok, True), (deer, True), (other, False),
-                        (other.with_special_tokens({"mask": "<mask>"}), False)):
+  for verifier, draft_tok, ok in ((tok, tok, True), (tok, deer, True), (tidar, tok, True),
+                                  (tidar, deer, True), (deer, tidar, True), (tok, other, False),
+                                  (other, tok, False), (tidar, other.with_special_tokens(
+                                      {"mask": "<mask>"}), False)):
     monkeypatch.setattr(loading, "load_model", lambda workdir, hf, t=draft_tok: (drafter, t, None))
     if ok:
-      assert loading.load_drafter("d", None, tok) is drafter
+      assert loading.load_drafter("d", None, verifier, model) == (drafter, tok.vocab_size)
     else:
       with pytest.raises(ValueError, match="has another tokenizer than the model"):
-        loading.load_drafter("d", None, tok)
-  assert deer.vocab_size == tok.vocab_size + 2  # so shared_vocab keeps them out of drafts
-  from paraflax import training  # bench's other weights (--tidar-workdir): the same rule, and
+        loading.load_drafter("d", None, verifier, model)
+  assert deer.vocab_size == tok.vocab_size + 2  # so the shared ids keep them out of drafts
+  from paraflax import training  # bench's other weights (--tidar-workdir): the same tokenizer
   for draft_tok, rows, ok in ((deer, 48, True), (other, 48, False), (deer, 47, False)):
     monkeypatch.setattr(training, "load_trained", lambda w, t=draft_tok: (drafter, t, None))
     if ok:  # the base's rows, grown only to hold its method tokens

@@ -198,3 +198,33 @@ def test_raw_and_typed_keys_give_the_same_samples(model):
 def test_draft_model_is_refused_by_ar(model):
   with pytest.raises(ValueError, match="does not use a draft_model"):
     pf.generate(model, [[1]], draft_model=model)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("decoder, draft, new, match", [
+    (pf.decoders.Jacobi(block_size=129), False, 4, "Jacobi block_size=129 does not fit the "
+     "model's max_seq_len 128: a step works on 129 tokens at once"),
+    (pf.decoders.JacobiMR(block_size=32, num_blocks=2, pool_size=4, num_candidates=3), False, 4,
+     r"JacobiMR \(num_blocks \+ num_candidates\) \* block_size = 160 does not fit"),
+    (pf.decoders.PromptLookup(num_tokens=128), False, 4, "num_tokens=128 does not fit the model's"),
+    (pf.decoders.PromptLookup(max_ngram=500), False, 4, "max_ngram=500 does not fit the model's"),
+    (pf.decoders.Speculative(128), True, 4, "Speculative block_size=128 does not fit the model's"),
+    (pf.decoders.Speculative(100), "short", 4, "block_size=100 does not fit the drafter's "
+     "max_seq_len 64: a step works on 101 tokens at once"),
+    (pf.decoders.Speculative(2), "short", 100, r"prompt \(1 tokens\) \+ max_new_tokens \(100\) "
+     "exceeds the drafter's max_seq_len 64"),
+])
+def test_a_step_larger_than_the_context_is_refused_on_the_host(model, decoder, draft, new, match):
+  """Block, draft length, n-gram length, candidates and the drafter's context against
+  max_seq_len: one line before any device work, never a step of thousands of positions the
+  model cannot hold. A block larger than max_new_tokens stays valid (decoded exactly by
+  test_byo_recipes' jacobi runs)."""
+  import dataclasses
+  from paraflax.decoding.core import check_setup
+  check_setup(model.cfg, pf.decoders.Jacobi(block_size=128), 2, None, None)
+  drafter = None
+  if draft:  # the graph only: the checks read configs
+    cfg = model.cfg if draft is True else dataclasses.replace(model.cfg, max_seq_len=64)
+    drafter = nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0)))
+  with jax.transfer_guard("disallow"), pytest.raises(ValueError, match=match):
+    pf.generate(model, [[1]], decoder=decoder, max_new_tokens=new, draft_model=drafter)

@@ -204,8 +204,16 @@ def test_convert_writes_a_load_trained_workdir(checkpoints, tmp_path):
   assert summary["n_params"] == sum(x.size for x in a.values())
   assert tok.fingerprint() == load_hf_tokenizer(path).fingerprint()
   assert load_hf_tokenizer(tmp_path / "conv").eos_id == EOS
-  with pytest.raises(FileExistsError, match="fresh directory"):
+  with pytest.raises(ValueError, match=r"is not empty \(paraflax convert output\): pass "):
     convert_hf(path, tmp_path / "conv")
+  with pytest.raises(ValueError, match="it is the model's own source directory"):
+    convert_hf(path, path, overwrite=True)
+  (tmp_path / "conv" / "stale").write_text("x")
+  convert_hf(path, tmp_path / "conv", overwrite=True)  # an earlier convert: replaced whole
+  assert not (tmp_path / "conv" / "stale").exists() and load_trained(tmp_path / "conv")
+  (tmp_path / "conv" / "hf_config.json").unlink()  # a training workdir: never written over
+  with pytest.raises(ValueError, match="it is a paraflax workdir"):
+    convert_hf(path, tmp_path / "conv", overwrite=True)
 
 
 @pytest.mark.fast
@@ -241,6 +249,13 @@ def test_missing_directory_and_config(tmp_path):
     load_hf(_write_config(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     load_hf_tokenizer(tmp_path / "empty")
+  (tmp_path / "empty" / "model.safetensors.index.json").write_text('{"weight_map": []}')
+  with pytest.raises(ValueError, match=r"index.json: field 'weight_map' must be an object, "
+                     r"got \[\]$"):
+    load_hf(tmp_path / "empty")
+  (tmp_path / "empty" / "config.json").write_text("[]")
+  with pytest.raises(ValueError, match=r"empty/config.json: expected a JSON object, got list"):
+    load_hf(tmp_path / "empty")
 
 
 @pytest.mark.fast

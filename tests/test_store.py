@@ -3,6 +3,8 @@ batch's chunk files get checksums as they are written, `read_store` refuses a sh
 flipped bit naming it, a store filled in two sittings verifies, a store without checksums
 (made before them) reads with a warning, and a truncated progress.json names the file."""
 
+import json
+import re
 import warnings
 
 import numpy as np
@@ -70,3 +72,25 @@ def test_a_truncated_progress_json_names_the_file(tmp_path):
     _read(out)
   with pytest.raises(ValueError, match=rf"^{out / store.PROGRESS}: not valid JSON"):
     _fill(out)  # resuming reads it too
+
+
+@pytest.mark.fast
+def test_meta_and_progress_of_another_shape_name_the_file_and_the_field(tmp_path):
+  """Valid JSON of the wrong shape in a store's meta.json or progress.json: one ValueError
+  line naming the file and the field, when reading the store and when resuming it."""
+  out = _fill(tmp_path / "s")
+  for name, value, says in [
+      (store.PROGRESS, {}, "missing field 'batches'"),
+      (store.PROGRESS, {"batches": "2"}, "field 'batches' must be an int >= 0, got \"2\""),
+      (store.PROGRESS, [3], "expected a JSON object, got list [3]"),
+      (store.META, {"examples": 10}, "missing field 'batch_size'"),
+      (store.META, {**META, "examples": 0}, "field 'examples' must be an int >= 1, got 0")]:
+    kept = (out / name).read_text()
+    (out / name).write_text(json.dumps(value))
+    for use in (_read, _fill):
+      with pytest.raises(ValueError, match=f"^{re.escape(f'{out / name}: {says}')}$"):
+        use(out)
+    (out / name).write_text(kept)
+  (out / store.META).write_text(json.dumps({**META, "max_prompt_len": 8, "block_size": 4}))
+  with pytest.raises(ValueError, match=r"meta.json: missing field 'num_blocks'$"):
+    store.read_meta(out, what="trajectory store", command="collect-trajectories")

@@ -6,6 +6,7 @@ Hugging Face tokenizer); directories compare resolved, however they are spelled.
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -24,7 +25,8 @@ from paraflax.training.__main__ import main as training_main
 from paraflax.training.config import config_differences, with_resolved_paths
 from paraflax.training.trainer import init_params
 
-CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "micro_ar.py")
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = str(ROOT / "configs" / "micro_ar.py")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +139,60 @@ def test_directories_compare_resolved_however_spelled(micro, model, tmp_path, mo
   np.testing.assert_array_equal(again.answers, whole.answers)
   with pytest.raises(ValueError, match=r"other settings \(source\)"):
     tch.collect(model, StubTokenizer(), stream, "store", cfg, source=str(tmp_path), progress=False)
+
+
+@pytest.mark.fast
+def test_a_workdir_config_of_another_shape_names_the_file_and_the_field(micro, tmp_path,
+                                                                          capsys, monkeypatch):
+  """A workdir's config.json that is valid JSON of the wrong shape ({}, a missing, unknown or
+  mistyped field) is one line naming the file and the field: loading the model, resuming."""
+  from paraflax.training.workdir import check_workdir
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  work = shutil.copytree(ROOT / "checkpoints" / "ar_drafter", tmp_path / "W")
+  saved = json.loads((work / "config.json").read_text())
+  for config, says in [
+      ({}, "missing field 'model'"),
+      ([], "expected a JSON object, got list []"),
+      ({**saved, "model": {}}, "missing field 'model.vocab_size'"),
+      ({**saved, "model": {**saved["model"], "d_model": "64"}},
+       "config field 'model.d_model' must be an int, got '64' (str)"),
+      ({**saved, "optim": {**saved["optim"], "lr": 1}},
+       "unknown field 'optim.lr' (OptimConfig has no such field)"),
+      ({**saved, "data": 3}, "field 'data' must be an object of DataConfig fields, got int")]:
+    (work / "config.json").write_text(json.dumps(config))
+    assert cli.main(["generate", "--workdir", str(work), "--prompt", "x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"paraflax generate: error: {work / 'config.json'}: {says}")
+    with pytest.raises(ValueError, match=f"^{work / 'config.json'}: "):
+      check_workdir(micro, work, None)
+
+
+@pytest.mark.fast
+def test_bool_fields_take_true_false_yes_no_in_any_case(micro):
+  """`--set data_source_args.skip_bad_lines=true` (the README's spelling) and the like; a
+  union field (`model.scan_layers`: a bool or "auto") keeps its own parsing."""
+  jsonl = {"data_source": "jsonl", "data_source_args.paths": "a.jsonl"}
+  for spelling, want in [("true", True), ("True", True), ("YES", True), (" no", False),
+                         ("False", False), ("FALSE", False)]:
+    assert apply_overrides(micro, {"data.progress": spelling}).data.progress is want
+    cfg = apply_overrides(micro, {**jsonl, "data_source_args.skip_bad_lines": spelling})
+    assert dict(cfg.data_source_args)["skip_bad_lines"] is want
+  with pytest.raises(ValueError, match="'data.progress' must be True or False, got 'maybe'"):
+    apply_overrides(micro, {"data.progress": "maybe"})
+  with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 'yes'"):
+    apply_overrides(micro, {"model.scan_layers": "yes"})
+
+
+@pytest.mark.fast
+def test_a_run_refused_by_its_data_leaves_no_workdir_and_no_lock(tmp_path, capsys, monkeypatch):
+  """Data checks run under the workdir's lock: a refused run removes the lock file (and the
+  directory) it made, as nothing else was written."""
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  (tmp_path / "one.jsonl").write_text('{"text": "a b c"}\n')
+  (tmp_path / "empty").mkdir()
+  for run in (tmp_path / "new", tmp_path / "empty"):
+    assert cli.main(["train", "--config", CONFIG, "--workdir", str(run), "--set",
+                     "data_source=jsonl", "--set", f"data_source_args.paths={tmp_path}/one.jsonl",
+                     "--set", f"data.cache_dir={tmp_path / 'data'}"]) == 2
+    assert "leave no validation documents" in capsys.readouterr().err
+  assert not (tmp_path / "new").exists() and list((tmp_path / "empty").iterdir()) == []

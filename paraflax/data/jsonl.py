@@ -155,7 +155,9 @@ def _decoded(raw: bytes, where: str) -> object:
   try:
     return json.loads(line, object_pairs_hook=_unique_keys)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+    # `msg` may end with where ("Unterminated string starting at"): the column says it
+    raise ValueError(f"{where}: malformed JSON ({e.msg.removesuffix(' at')} at column "
+                     f"{e.colno})") from None
   except _DuplicateKey as e:
     raise ValueError(f"{where}: duplicate key {e.args[0]!r} in a JSON object") from None
 

@@ -140,21 +140,23 @@ def train_iterator(tokens: np.ndarray, cfg: DataConfig,
 
 
 def validation_dataset(tokens: np.ndarray, seq_len: int, batch_size: int,
-                       mask: np.ndarray | None = None) -> grain.MapDataset:
-  """Finite, unshuffled batches of packed rows: `len(ds)` batches, `ds[i]` is one."""
+                       mask: np.ndarray | None = None, *,
+                       split_field: str = "data.val_fraction") -> grain.MapDataset:
+  """Finite, unshuffled batches of packed rows: `len(ds)` batches, `ds[i]` is one.
+  `split_field`: the config field that sized the split (named when it is too small)."""
   rows, as_batch = _rows(tokens, seq_len, mask)
   if len(rows) < batch_size:
     raise ValueError(
       f"validation stream has {len(rows)} rows of {seq_len} tokens, fewer than one "
-      f"batch of {batch_size}: raise val_fraction or lower batch_size/seq_len"
+      f"batch of {batch_size}: raise {split_field} or lower data.batch_size/data.seq_len"
     )
   return grain.MapDataset.source(rows).batch(batch_size, drop_remainder=True).map(as_batch)
 
 
-def validation_batches(tokens: np.ndarray, cfg: DataConfig,
-                       mask: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+def validation_batches(tokens: np.ndarray, cfg: DataConfig, mask: np.ndarray | None = None, *,
+                       split_field: str = "data.val_fraction") -> list[dict[str, np.ndarray]]:
   """All validation batches, in order (small: held in memory; reuse for each evaluation)."""
-  ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size, mask)
+  ds = validation_dataset(tokens, cfg.seq_len, cfg.batch_size, mask, split_field=split_field)
   return [ds[i] for i in range(len(ds))]  # direct indexing: no reader threads
 
 

@@ -33,13 +33,14 @@ def data_tokenizer(data: DataConfig):
                         sep_token=data.sep_token)
 
 
-def _opened(prepared: Data, data: DataConfig, corpus_desc: str) -> TrainData:
+def _opened(prepared: Data, data: DataConfig, corpus_desc: str, split_field: str) -> TrainData:
   source = (f"the tokenizer of {data.tokenizer!r} (data.tokenizer)" if data.tokenizer else
             f"the tokenizer trained on {corpus_desc} (data.vocab_size={data.vocab_size}, "
             f"cached in {data.cache_dir!r})")
   return TrainData(
       train_iterator(prepared.train_tokens, data, prepared.train_mask),
-      validation_batches(prepared.val_tokens, data, prepared.val_mask), prepared.tokenizer,
+      validation_batches(prepared.val_tokens, data, prepared.val_mask, split_field=split_field),
+      prepared.tokenizer,
       max_position=data.seq_len, rows="text", tokenizer_source=source)
 
 
@@ -54,7 +55,7 @@ class StdlibData:
     data = dataclasses.replace(data, progress=data.progress and progress)
     prepared = prepare_stdlib(data, tokenizer=data_tokenizer(data))
     name = corpus.corpus_name(data.val_fraction, data.max_files)
-    return _opened(prepared, data, f"the data config's corpus {name}")
+    return _opened(prepared, data, f"the data config's corpus {name}", "data.val_fraction")
 
 
 @register_source("jsonl")
@@ -112,7 +113,7 @@ class JsonlData:
     if not train or not val:
       raise ValueError(f"{where}: {len(records)} records leave no "
                        f"{'training' if not train else 'validation'} documents at "
-                       f"val_fraction={self.val_fraction}")
+                       f"data_source_args.val_fraction={self.val_fraction}")
     tok = data_tokenizer(data)
     template = None
     if tok is None:
@@ -125,4 +126,4 @@ class JsonlData:
                               desc=f"tokenizing {name}")
                for rs, name in ((train, "train"), (val, "validation"))]
     prepared = Data(tok, streams[0][0], streams[1][0], streams[0][1], streams[1][1])
-    return _opened(prepared, data, where)
+    return _opened(prepared, data, where, "data_source_args.val_fraction")

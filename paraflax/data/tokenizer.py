@@ -18,6 +18,7 @@ mask, sep and the chat template, kept in Hugging Face's own files beside tokeniz
 from __future__ import annotations
 
 import hashlib
+import json
 import numbers
 import os
 import re
@@ -118,6 +119,24 @@ class Tokenizer:
                      encode_special_tokens=self._hf.encode_special_tokens,
                      eos_ids=None if "eos" in roles else self.eos_ids,
                      chat_template=self.chat_template)
+
+  def without_method_tokens(self) -> Tokenizer:
+    """This tokenizer without its own method tokens: the `mask` and `sep` roles' tokens where
+    they were added after every other id (`with_special_tokens`), e.g. a TiDAR's tokenizer ->
+    its base model's. The other roles are kept; `self` is unchanged."""
+    own = {i for i in (self.mask_id, self.sep_id) if i is not None}
+    size, model_ids = self.vocab_size, self._hf.get_vocab_size(with_added_tokens=False)
+    while size - 1 in own and size - 1 >= model_ids:
+      size -= 1
+    if size == self.vocab_size:
+      return self
+    data = json.loads(self._hf.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < size]
+    named = {role: self._hf.id_to_token(i) for role, i in (("pad", self.pad_id),
+                                                           ("bos", self.bos_id)) if i is not None}
+    return Tokenizer(tokenizers.Tokenizer.from_str(json.dumps(data)), special_tokens=named,
+                     encode_special_tokens=self._hf.encode_special_tokens,
+                     eos_ids=self.eos_ids, chat_template=self.chat_template)
 
   @property
   def vocab_size(self) -> int:

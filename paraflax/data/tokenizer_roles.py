@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import tokenizers
 from etils import epath
 
-from paraflax.json_io import read_json, write_json
+from paraflax.json_io import read_json_object, write_json
 
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -36,8 +36,7 @@ class Roles:
 
 
 def _json(file: epath.Path) -> dict:
-  value = read_json(file) if file.is_file() else {}  # an invalid file is an error naming it
-  return value if isinstance(value, dict) else {}
+  return read_json_object(file) if file.is_file() else {}  # an invalid one: an error naming it
 
 
 def _ids(value, backend: tokenizers.Tokenizer) -> list[int]:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from paraflax import masks, verify
 from paraflax.decoding import state as st
+from paraflax.decoding.checks import check_fits
 
 
 def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
@@ -59,6 +60,7 @@ def check_drafter(name: str, decoder, cfg, draft_cfg, what: str) -> None:
     raise ValueError(f"{name} needs block_size >= 1, got {k!r}")
   if draft_cfg is None:
     raise ValueError(f"{name} needs draft_model= (the {what} to draft with)")
+  check_fits(name, f"block_size={k}", k + 1, cfg, draft_cfg)  # k drafts + the next token
   rows = min(cfg.vocab_size, draft_cfg.vocab_size)
   if decoder.vocab is not None and not (
       isinstance(decoder.vocab, int) and not isinstance(decoder.vocab, bool)

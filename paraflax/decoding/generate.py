@@ -54,9 +54,10 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
       cfg, decoder, max_new_tokens, eos_id, None if draft_model is None else draft_model.cfg)
   padded, lengths = checks.prepare_prompts(prompts, cfg.vocab_size, prompt_lengths,
                                            max_prompt_len)
-  if int(lengths.max()) + max_new_tokens > cfg.max_seq_len:
-    raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) "
-                     f"exceeds the model's max_seq_len {cfg.max_seq_len}")
+  for who, c in (("model", cfg), ("drafter", getattr(draft_model, "cfg", None))):
+    if c is not None and int(lengths.max()) + max_new_tokens > c.max_seq_len:
+      raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens "
+                       f"({max_new_tokens}) exceeds the {who}'s max_seq_len {c.max_seq_len}")
   rng = checks.key(rng, decoder)
   fwd = st.Forward.of(model)
   draft = None if draft_model is None else st.Forward.of(draft_model)

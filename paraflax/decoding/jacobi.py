@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from paraflax.decoding import state as st
+from paraflax.decoding.checks import check_fits
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.decoding.jacobi_mr import MR_FIELDS, JacobiMR, check_greedy_block
 from paraflax.decoding.protocol import Decoder
@@ -56,6 +57,7 @@ class Jacobi(Decoder):
 
   def validate(self, cfg, draft_cfg):
     check_greedy_block("Jacobi", self.block_size, self.sampler)
+    check_fits("Jacobi", f"block_size={self.block_size}", self.block_size, cfg)
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft

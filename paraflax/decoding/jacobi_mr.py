@@ -50,6 +50,7 @@ from flax import struct
 from paraflax import masks
 from paraflax.decoding import recycling
 from paraflax.decoding import state as st
+from paraflax.decoding.checks import check_fits
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
 from paraflax.sharding import axes, subtree
@@ -228,6 +229,8 @@ class JacobiMR(Decoder):
       raise ValueError("multi-block decoding and pool candidates need block_size >= 2, "
                        f"got {n}")
     check_greedy_block("JacobiMR", n, self.sampler)
+    check_fits("JacobiMR", f"(num_blocks + num_candidates) * block_size = {self.chunk_size}",
+               self.chunk_size, cfg)
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft

@@ -9,6 +9,7 @@ from flax import struct
 
 from paraflax import verify
 from paraflax.decoding import state as st
+from paraflax.decoding.checks import check_fits
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.decoding.protocol import Decoder
 from paraflax.sampling import Greedy
@@ -57,6 +58,8 @@ class PromptLookup(Decoder):
       raise ValueError(f"PromptLookup needs num_tokens >= 1, got {self.num_tokens}")
     if self.max_ngram < 1:
       raise ValueError(f"PromptLookup needs max_ngram >= 1, got {self.max_ngram}")
+    check_fits("PromptLookup", f"num_tokens={self.num_tokens}", self.num_tokens + 1, cfg)
+    check_fits("PromptLookup", f"max_ngram={self.max_ngram}", self.max_ngram, cfg)
     self.sampler.validate()
 
   @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -14,13 +15,13 @@ from paraflax import methods
 from paraflax.data.jsonl import json_lines
 from paraflax.decoding.generate import generate
 from paraflax.evaluation.methods import sampler_from_flags
-from paraflax.loading import load_drafter, load_model, shared_vocab
+from paraflax.loading import load_drafter, load_model
 from paraflax.paths import model_dirs
 
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-  prompt: str  # as given; "" for chat messages
+  prompt: str  # the text completed: as given, or chat messages under the chat template
   text: str  # the new text only
   ids: list[int]  # the new token ids
   forwards: int  # target-model forwards after the prefill (the API's `out.forwards`)
@@ -44,12 +45,17 @@ def read_prompts(prompt=(), prompts_file=None) -> list:
   """The `--prompt` texts, then the records of the JSONL `prompts_file`: a `prompt` text, or
   chat `messages` ([{"role", "content"}, ...])."""
   prompts = list(prompt or ())
+  if prompts_file and not os.path.isfile(prompts_file):
+    raise FileNotFoundError(f"--prompts-file {prompts_file!r} not found")
   for where, record in json_lines(prompts_file) if prompts_file else ():
     value = record.get("prompt", record.get("messages")) if isinstance(record, dict) else None
     if not isinstance(value, (str, list)):
       raise ValueError(f"{where}: expected a JSON object with \"prompt\" (a text) or "
                        "\"messages\" (a chat)")
     prompts.append(value)
+  if prompts_file and len(prompts) == len(prompt or ()):
+    raise ValueError(f"--prompts-file {prompts_file!r} holds no records: one JSON object per "
+                     "line, {\"prompt\": TEXT} or {\"messages\": [...]}")
   if not prompts:
     raise ValueError("no prompt: give --prompt TEXT or --prompts-file FILE.jsonl")
   return prompts
@@ -71,10 +77,12 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
                      f"--decoder {decoder} needs a draft model: --draft DIR")
   drafter_dirs = model_dirs(draft) if draft else None  # a wrong directory: before any loading
   model, tok, encode = load_model(workdir, hf)
+  texts = [prompt_text(p, chat, workdir or hf) for p in prompts]
   ids = [prompt_ids(p, chat, tok, encode, workdir or hf) for p in prompts]
-  drafter = load_drafter(*drafter_dirs, tok) if draft else None
-  if drafter is not None:  # drafts stay off padding rows and method tokens past the tokenizer
-    dec = dataclasses.replace(dec, vocab=shared_vocab(tok, model, drafter))
+  drafter = None
+  if draft:  # drafts stay off padding rows and each model's own method tokens
+    drafter, vocab = load_drafter(*drafter_dirs, tok, model)
+    dec = dataclasses.replace(dec, vocab=vocab)
   kw = dict(decoder=dec, max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
             eos_id=tok.eos_ids, draft_model=drafter)
   jax.block_until_ready(generate(model, ids, **kw).tokens)  # compile
@@ -82,18 +90,24 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
   out = jax.device_get(generate(model, ids, **kw))
   seconds = time.perf_counter() - t0
   rows = [out.tokens[i, :n].tolist() for i, n in enumerate(out.lengths)]
-  return [Completion(p if isinstance(p, str) and not chat else "", tok.decode(r), r,
-                     int(out.forwards[i]), int(out.draft_forwards[i]) if draft else None)
-          for i, (p, r) in enumerate(zip(prompts, rows))], seconds
+  return [Completion(p, tok.decode(r), r, int(out.forwards[i]),
+                     int(out.draft_forwards[i]) if draft else None)
+          for i, (p, r) in enumerate(zip(texts, rows))], seconds
+
+
+def prompt_text(prompt, chat: bool, path) -> str:
+  """The text a prompt is: a text as given, or (as a user turn with `chat`) chat messages
+  under the chat template of the model directory `path`, the assistant's turn opened."""
+  if not chat and isinstance(prompt, str):
+    return prompt
+  from paraflax.hf.chat import chat_prompt
+  return chat_prompt(path, [{"role": "user", "content": prompt}] if chat else prompt)
 
 
 def prompt_ids(prompt, chat: bool, tok, encode, path) -> list[int]:
   """Token ids of a text (as a user turn with `chat`) or of chat messages (the template's)."""
-  if chat or not isinstance(prompt, str):
-    from paraflax.hf.chat import chat_prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    ids = tok.backend.encode(chat_prompt(path, messages),
-                             add_special_tokens=False).ids  # the template writes BOS
+  if chat or not isinstance(prompt, str):  # the template writes BOS
+    ids = tok.backend.encode(prompt_text(prompt, chat, path), add_special_tokens=False).ids
   else:
     ids = encode(prompt)
   if not ids:

@@ -3,6 +3,8 @@ named by the sampling flags (`--temperature`, `--top-k`, `--top-p`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from paraflax import sampling
 from paraflax.evaluation.bench import Method
 from paraflax.methods import METHODS
@@ -11,6 +13,8 @@ from paraflax.methods import METHODS
 def sampler_from_flags(temperature: float, top_k: int = 0, top_p: float = 1.0):
   """The sampler of the flags; a combination that would ignore a flag is a ValueError
   (temperature 0 is greedy: no top-k or top-p; top-k and top-p are exclusive)."""
+  if not temperature >= 0:
+    raise ValueError(f"--temperature must be >= 0 (0 = greedy decoding), got {temperature}")
   if top_k < 0 or not 0 < top_p <= 1:
     raise ValueError(f"--top-k must be >= 0 (0 = off) and --top-p in (0, 1] (1 = off), got "
                      f"{top_k} and {top_p}")
@@ -37,22 +41,25 @@ def bench_methods(others=None, drafters=None, ks=None) -> list[Method]:
   every weights it has rows for. `others` maps a weights name to a model of the base's
   architecture and tokenizer ("jf": Jacobi Forcing, distilled from the base; "tidar": TiDAR,
   trained on from the base); `drafters` maps "deer" (a DEER block-diffusion drafter) and
-  "ar_drafter" (a small AR drafter) to draft models for the base. `ks`: only these n of the
-  swept methods (default: every one of their `sweep`)."""
+  "ar_drafter" (a small AR drafter) to (draft model for the base, the ids it may propose:
+  `loading.load_drafter`). `ks`: only these n of the swept methods (default: every one of
+  their `sweep`)."""
   models = {"base": None, **(others or {})}
   drafters = drafters or {}
   rows = []
   for m in METHODS.values():
     if m.kind != "generate" or m.name == "ar":
       continue
-    draft = drafters.get(DRAFTERS[m.drafter]) if m.drafter else None
-    if m.drafter and draft is None:
+    pair = drafters.get(DRAFTERS[m.drafter]) if m.drafter else None
+    if m.drafter and pair is None:
       continue
+    draft, vocab = pair or (None, None)
     for weights, name in m.bench.items():
       if weights not in models:
         continue
       for n in [k for k in m.sweep if ks is None or k in ks] if m.sweep else [m.n]:
-        rows.append(Method(f"{name}_k{n}" if m.sweep else name, m.make(n), m.describe(n),
+        dec = m.make(n) if vocab is None else dataclasses.replace(m.make(n), vocab=vocab)
+        rows.append(Method(f"{name}_k{n}" if m.sweep else name, dec, m.describe(n),
                            draft_model=draft, model=models[weights], weights=weights))
   return rows
 

@@ -76,7 +76,7 @@ def run(models: Models, s: Settings, log=print) -> list:
   model, tok, encode = load_model(models.workdir, models.hf)
   others = {name: load_related(getattr(models, f), tok, model.cfg.vocab_size, _flag(f))
             for name, f in OTHER_WEIGHTS.items() if getattr(models, f)}
-  drafters = {name: load_drafter(getattr(models, f), None, tok)  # same tokenizer, any rows
+  drafters = {name: load_drafter(getattr(models, f), None, tok, model)  # (drafter, vocab)
               for name, f in DRAFTERS.items() if getattr(models, f)}
   max_prompt = min(s.max_prompt_tokens, model.cfg.max_seq_len - s.max_new_tokens)
   if s.prompts_file:  # the user's: the first `s.prompts` records, their last max_prompt tokens

@@ -8,7 +8,7 @@ import functools
 import json
 from pathlib import Path
 
-from paraflax.json_io import read_json
+from paraflax.json_io import read_json_object
 
 
 def chat_template(path) -> str | None:
@@ -109,4 +109,4 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 def _tokenizer_config(path: Path) -> dict:
   file = Path(path) / "tokenizer_config.json"
-  return read_json(file) if file.is_file() else {}
+  return read_json_object(file) if file.is_file() else {}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paraflax.config import ModelConfig, RopeScaling
-from paraflax.json_io import read_json
+from paraflax.json_io import read_json_object
 
 SUPPORTED = ("llama", "qwen2", "qwen3")  # HF model_type values (Qwen2.5 is "qwen2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -31,7 +31,7 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
   if not file.is_file():
     raise FileNotFoundError(f"{str(file)!r} not found: {str(path)!r} is not a Hugging Face "
                             "checkpoint directory (expected config.json + *.safetensors)")
-  return read_json(file)
+  return read_json_object(file)
 
 
 def _unsupported(model_type: str) -> ValueError:

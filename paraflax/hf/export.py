@@ -4,6 +4,20 @@ The architecture follows the config (Qwen3 if qk-norm, Qwen2 if q/k/v bias, else
 Tensors are converted and written one at a time in the params' own dtype, so
 `load_hf(export_hf(load_hf(d)))` has bit-identical parameters. With a tokenizer, the
 directory is complete: `AutoModelForCausalLM` + `AutoTokenizer` + `generate` stop at EOS.
+
+The directory is written whole into a temporary sibling and then takes the destination's
+place (`paraflax.destination`): a non-empty destination needs `overwrite=True`, and a
+paraflax workdir, a store or the model's own source is never written over.
+
+One tokenizer everywhere: transformers 5 does not always read tokenizer.json as it is. For
+some model types (Qwen2: `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` in its
+`tokenization_auto.py`) `AutoTokenizer` ignores `tokenizer_class` and rebuilds the tokenizer
+from the vocabulary and merges with that family's own normalizer and pre-tokenizer (Qwen2's
+NFC and digit-splitting regex), which encodes a byte-level BPE trained with another
+pre-tokenizer (paraflax's, or any user's) to other ids. An `auto_map` in
+tokenizer_config.json is the one setting that bypasses it: `AutoTokenizer` then loads
+`PreTrainedTokenizerFast` over tokenizer.json unchanged, and with `trust_remote_code=True` the
+two-line class of `tokenization_paraflax.py` (the same thing) that the export writes beside it.
 """
 
 from __future__ import annotations
@@ -16,12 +30,24 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
+from paraflax import destination
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.hf import layout
 from paraflax.hf.config import hf_config_from_model
 from paraflax.hf.safetensors_io import write_safetensors
 
 WEIGHTS = "model.safetensors"
+TOKENIZER_MODULE = "tokenization_paraflax"  # `auto_map`'s class, for trust_remote_code=True
+_TOKENIZER_CLASS = '''"""This directory's tokenizer exactly as tokenizer.json defines it (written by
+paraflax: `auto_map` in tokenizer_config.json names it, so that `AutoTokenizer` never rebuilds
+it with a model family's own pre-tokenizer)."""
+
+from transformers import PreTrainedTokenizerFast
+
+
+class ParaflaxTokenizer(PreTrainedTokenizerFast):
+  """`PreTrainedTokenizerFast` over tokenizer.json, unchanged."""
+'''
 
 
 def _write_json(file: Path, obj) -> None:
@@ -61,18 +87,23 @@ def _tokenizer_config(tokenizer: Tokenizer, ids: dict, max_len: int) -> dict:
   tokens |= {k: name(i) for k, i in (("mask_token", tokenizer.mask_id),
                                      ("sep_token", tokenizer.sep_id)) if i is not None}
   template = {} if tokenizer.chat_template is None else {"chat_template": tokenizer.chat_template}
-  return {"tokenizer_class": "PreTrainedTokenizerFast", **tokens, **template,
+  auto_map = {"AutoTokenizer": [None, f"{TOKENIZER_MODULE}.ParaflaxTokenizer"]}
+  return {"tokenizer_class": "PreTrainedTokenizerFast", "auto_map": auto_map, **tokens, **template,
           "additional_special_tokens": extra,
           "split_special_tokens": tokenizer.backend.encode_special_tokens,
           "clean_up_tokenization_spaces": False, "model_max_length": max_len}
 
 
-def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -> None:
-  """tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
-  (the last three replacing those `Tokenizer.save` may write)."""
+def write_tokenizer_files(out: Path, tokenizer: Tokenizer, max_len: int,
+                          eos_ids: Sequence[int] | None = None) -> None:
+  """tokenizer.json, tokenizer_config.json (with its `auto_map`), tokenization_paraflax.py,
+  special_tokens_map.json and generation_config.json (the token roles of `special_ids`) into
+  the directory `out`: what makes `AutoTokenizer` encode as `tokenizer` does."""
+  ids = special_ids(tokenizer, eos_ids)
   tokenizer.save(out / "tokenizer.json")
   config = _tokenizer_config(tokenizer, ids, max_len)
-  _write_json(out / "tokenizer_config.json", config)
+  _write_json(out / "tokenizer_config.json", config)  # replacing what `save` may write
+  (out / f"{TOKENIZER_MODULE}.py").write_text(_TOKENIZER_CLASS)
   _write_json(out / "special_tokens_map.json",
               {k: v for k, v in config.items()
                if k.endswith("_token") or k == "additional_special_tokens"})
@@ -80,17 +111,27 @@ def _write_tokenizer(out: Path, tokenizer: Tokenizer, ids: dict, max_len: int) -
 
 
 def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None, *,
-              eos_ids: Sequence[int] | None = None) -> Path:
+              eos_ids: Sequence[int] | None = None, overwrite: bool = False,
+              source: str | os.PathLike | None = None) -> Path:
   """Write `config.json` and `model.safetensors` into `out_dir` (and, given `tokenizer`, the
   tokenizer files, its chat template and `generation_config.json`, with every id in `eos_ids`
-  as EOS, by default every one of `tokenizer.eos_ids`); return it."""
+  as EOS, by default every one of `tokenizer.eos_ids`); return it.
+
+  `out_dir` must be absent or empty, or `overwrite` given; it is never a paraflax workdir, a
+  store or `source` (the directory the model was loaded from), nor contains or lies inside one
+  (`destination.check_output`). The files appear together (`destination.replacing`)."""
   cfg = model.cfg
   ids = special_ids(tokenizer, eos_ids) if tokenizer is not None else {}
   hf_cfg = hf_config_from_model(cfg, bos_id=ids.get("bos_token_id"),
                                 eos_id=ids.get("eos_token_id"),
                                 pad_id=ids.get("pad_token_id"))  # raises before any write
-  out = Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = destination.check_output(out_dir, overwrite=overwrite, source=source)
+  with destination.replacing(out) as tmp:
+    _write(model, tmp, hf_cfg, tokenizer, eos_ids)
+  return out
+
+
+def _write(model, out: Path, hf_cfg: dict, tokenizer: Tokenizer | None, eos_ids) -> None:
   _, params = nnx.split(model, nnx.Param)
   tensors = []
   for path, var in nnx.to_flat_state(params):
@@ -99,10 +140,6 @@ def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = N
                     lambda var=var, e=e: layout.to_hf(np.asarray(var.get_value()), e)))
   tensors.sort(key=lambda t: t[0])
   write_safetensors(out / WEIGHTS, tensors)
-  stale = out / "model.safetensors.index.json"  # an old sharded export would shadow ours
-  if stale.exists():
-    stale.unlink()
   _write_json(out / "config.json", hf_cfg)
   if tokenizer is not None:
-    _write_tokenizer(out, tokenizer, ids, cfg.max_seq_len)
-  return out
+    write_tokenizer_files(out, tokenizer, model.cfg.max_seq_len, eos_ids)

@@ -23,7 +23,7 @@ from paraflax.config import ModelConfig
 from paraflax.hf import layout
 from paraflax.hf.config import model_config_from_hf, read_hf_config
 from paraflax.hf.safetensors_io import TensorInfo, is_float, read_header, read_tensor
-from paraflax.json_io import read_json
+from paraflax.json_io import json_field, read_json_object
 from paraflax.model import Transformer
 
 INDEX = "model.safetensors.index.json"
@@ -43,7 +43,7 @@ def safetensors_index(path: str | os.PathLike) -> dict[str, TensorInfo]:
   """Tensor name -> TensorInfo over `model.safetensors` or the shards of the index."""
   path = Path(path)
   if (path / INDEX).is_file():
-    weight_map = read_json(path / INDEX).get("weight_map", {})
+    weight_map = json_field(path / INDEX, read_json_object(path / INDEX), "weight_map", dict)
     files = sorted(set(weight_map.values()))
     missing = [f for f in files if not (path / f).is_file()]
     if missing:

@@ -121,7 +121,7 @@ def run(plan: FamilyPlan, add, log) -> list[str]:
   others = {w: load_related(cache / s, tok, model.cfg.vocab_size, w)
             for w, s in (("jf", demo.JACOBI_FORCING), ("tidar", "tidar_continual"))
             if s in plan.stages}
-  drafters = {k: load_drafter(cache / s, None, tok)
+  drafters = {k: load_drafter(cache / s, None, tok, model)  # (drafter, vocab)
               for k, s in (("deer", "deer_drafter"), ("ar_drafter", "ar_drafter"))
               if s in plan.stages}
   methods = [m for m in bench_methods(others, drafters, ks=plan.ks)

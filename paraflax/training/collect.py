@@ -19,7 +19,7 @@ import time
 
 import jax
 
-from paraflax import sharding
+from paraflax import destination, sharding
 from paraflax.data.pipeline import prepare_stdlib
 from paraflax.paths import model_dirs, resolve_path
 from paraflax.training import load_trained, store, teacher, trajectories
@@ -72,6 +72,7 @@ def collect_trajectories(workdir, out, cfg: trajectories.CollectConfig, *, mesh=
                          axis_rules=None, hf=None, data=None) -> dict:
   """`trajectories.collect` of a model (a training workdir, or an HF directory `hf`) on the
   prompts of the JSONL records `data`, or of a workdir's training split. Returns a summary."""
+  destination.check_store_dir(out, "trajectory store")  # before the model loads
   model, tok, prompts, mesh, source = _load(workdir, mesh, axis_rules, cfg, hf, data)
   t0 = time.perf_counter()
   out = trajectories.collect(model, tok, prompts, out, cfg, source=str(source), mesh=mesh)
@@ -87,6 +88,7 @@ def teacher_data(workdir, out, cfg: teacher.TeacherConfig, *, mesh=None, axis_ru
   """`teacher.collect` of a model (the AR teacher: a training workdir, or an HF directory `hf`)
   on the prompts of the JSONL records `data`, or of a workdir's training split: the DEER
   drafters' training data. Returns a summary."""
+  destination.check_store_dir(out, "teacher store")  # before the model loads
   model, tok, prompts, mesh, source = _load(workdir, mesh, axis_rules, cfg, hf, data)
   t0 = time.perf_counter()
   out = teacher.collect(model, tok, prompts, out, cfg, source=str(source), mesh=mesh)

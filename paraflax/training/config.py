@@ -18,6 +18,7 @@ from typing import Any
 from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.data.source import DataSource, as_pairs, get_source, source_args
+from paraflax.json_io import read_json_object
 from paraflax.sharding import MeshConfig
 from paraflax.training import fields
 from paraflax.training.objectives import STEP, objective
@@ -165,10 +166,41 @@ class TrainConfig:
 
   @classmethod
   def from_dict(cls, d: Mapping) -> TrainConfig:
-    """The config of a `to_dict` of this or an older schema (`migrate`)."""
+    """The config of a `to_dict` of this or an older schema (`migrate`), checked by shape
+    first: a missing, unknown or mistyped field is one ValueError naming it."""
     d = migrate(d)
-    return cls(model=ModelConfig(**d.pop("model")), data=DataConfig(**d.pop("data")),
-               optim=OptimConfig(**d.pop("optim")), **d)
+    for name, section in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig)):
+      if name in d:
+        d[name] = _section(section, d[name], f"{name}.")
+    return _section(cls, d, "")
+
+
+def _section(cls, d, prefix: str):
+  """`cls(**d)` once every field of `d` is one of `cls`'s, of its type, and none is missing."""
+  if not isinstance(d, Mapping):
+    raise ValueError(f"field {prefix.rstrip('.')!r} must be an object of {cls.__name__} "
+                     f"fields, got {type(d).__name__}")
+  known = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - set(known))
+  if unknown:
+    raise ValueError(f"unknown field {prefix + unknown[0]!r} ({cls.__name__} has no such field)")
+  missing = [n for n, f in known.items() if n not in d and f.default is dataclasses.MISSING
+             and f.default_factory is dataclasses.MISSING]
+  if missing:
+    raise ValueError(f"missing field {prefix + missing[0]!r}")
+  for name, value in d.items():
+    fields.check_value(cls, name, value, prefix + name, loose=True)
+  return cls(**d)
+
+
+def read_config(path: str | os.PathLike) -> TrainConfig:
+  """The TrainConfig a workdir's config.json holds; a file of another shape is one ValueError
+  line naming the file and the field."""
+  try:
+    return TrainConfig.from_dict(read_json_object(path))
+  except (ValueError, TypeError) as e:
+    message = str(e)
+    raise ValueError(message if message.startswith(str(path)) else f"{path}: {message}") from None
 
 
 def migrate(d: Mapping) -> dict:
@@ -177,6 +209,8 @@ def migrate(d: Mapping) -> dict:
   Schema 1 (no `schema` key): `trajectories` and `teacher`, a store each or None, become
   `data_source` + `data_source_args` (neither: "stdlib").
   """
+  if not isinstance(d, Mapping):
+    raise ValueError(f"expected a JSON object of TrainConfig fields, got {type(d).__name__}")
   d = dict(d)
   schema = d.pop("schema", 1)
   if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= SCHEMA:

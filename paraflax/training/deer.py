@@ -318,7 +318,8 @@ def datasets(cfg: TeacherData, batch_size: int, seed: int):
   n_val = max(1, round(total * cfg.val_fraction))
   if total - n_val < batch_size or n_val < batch_size:
     raise ValueError(f"teacher store {cfg.path!r} has {total} examples: too few for a batch of "
-                     f"{batch_size} in both splits (val_fraction={cfg.val_fraction})")
+                     f"{batch_size} in both splits "
+                     f"(data_source_args.val_fraction={cfg.val_fraction})")
 
   def row(i):
     i = int(i)

@@ -200,7 +200,8 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
   n_val = max(1, round(total * cfg.val_fraction))
   if total - n_val < batch_size or n_val < batch_size:
     raise ValueError(f"trajectory store {cfg.path!r} has {total} examples: too few for a "
-                     f"batch of {batch_size} in both splits (val_fraction={cfg.val_fraction})")
+                     f"batch of {batch_size} in both splits "
+                     f"(data_source_args.val_fraction={cfg.val_fraction})")
   length = row_length(data.meta)
   make = lambda i, rng: _row(data, length, cfg, int(i), rng)
   train = (grain.MapDataset.range(total - n_val).shuffle(seed=seed).repeat(None)

@@ -6,7 +6,9 @@ process or this one, gets `LockedError`: one line naming the holder's pid and ho
 
 The lock is `fcntl.flock` on the file, so the kernel drops it when the holder exits however
 it exits (kill -9 included): a stale lock file never blocks a later run. The file's content,
-`{"pid", "host", "since"}` of the holder, only serves the refusal message. Readers
+`{"pid", "host", "since"}` of the holder, only serves the refusal message. A holder that
+fails before writing anything else there removes the lock file it made (and the directory,
+if it made that too): a refused run leaves nothing behind. Readers
 (`load_trained`, reading a finished store) take no lock. On a filesystem without locks (some
 FUSE mounts) the run goes on with a warning instead.
 
@@ -48,6 +50,7 @@ class DirLock:
     self.path = self.directory / LOCK
     self.what = what
     self._fd: int | None = None
+    self._made: tuple[bool, bool] = (False, False)  # (the directory, the lock file) made here
 
   def acquire(self) -> DirLock:
     if self._fd is not None:
@@ -57,6 +60,7 @@ class DirLock:
                     "locks: a second run writing there would not be detected", RemoteLockWarning,
                     stacklevel=2)
       return self
+    made = (not self.directory.exists(), not self.path.exists())
     self.directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncate the holder's note
     try:
@@ -75,8 +79,17 @@ class DirLock:
             "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
-    self._fd = fd
+    self._fd, self._made = fd, made
     return self
+
+  def _remove_if_alone(self) -> None:
+    """Remove the lock file this holder made, and the directory it made, when nothing else was
+    written there (still holding the lock, so no other run takes it meanwhile)."""
+    made_dir, made_file = self._made
+    if made_file and [p.name for p in self.directory.iterdir()] == [LOCK]:
+      self.path.unlink()
+      if made_dir:
+        self.directory.rmdir()
 
   def release(self) -> None:
     if self._fd is not None:
@@ -87,7 +100,9 @@ class DirLock:
   def __enter__(self) -> DirLock:
     return self.acquire()
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, exc_type, *exc) -> None:
+    if exc_type is not None and self._fd is not None:
+      self._remove_if_alone()
     self.release()
 
 

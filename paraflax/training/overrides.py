@@ -24,12 +24,18 @@ ARGS = {"objective_args": "objective", "data_source_args": "data_source"}  # arg
 LEGACY_SOURCES = ("trajectories", "teacher")  # schema-1 fields, now data sources of that name
 
 
+BOOLS = {"true": True, "yes": True, "false": False, "no": False}
+
+
 def parse(value: Any, annotation) -> Any:
   """An override's value: a Python literal when the string is one ("1e-3", "None", "(1, 2)");
-  for a string field, the string itself unless it is a quoted string or None; for a float
-  field, an int as a float."""
+  for a bool field, also true/false/yes/no in any case; for a string field, the string itself
+  unless it is a quoted string or None; for a float field, an int as a float. Union fields
+  keep their own parsing."""
   if not isinstance(value, str):
     return value
+  if annotation is bool and value.strip().lower() in BOOLS:
+    return BOOLS[value.strip().lower()]
   try:
     parsed = ast.literal_eval(value)
   except (ValueError, SyntaxError):

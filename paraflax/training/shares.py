@@ -36,7 +36,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from paraflax import sharding
-from paraflax.json_io import read_json
 from paraflax.training import store
 
 
@@ -119,5 +118,5 @@ class Share:
     self.sync(f"open {out}")
     if not self.primary:
       arrays = {k: store.open_array(out, k) for k in shapes}
-      done = read_json(out / store.PROGRESS)["batches"]
+      done = store.read_progress(out)
     return arrays, done

@@ -37,15 +37,40 @@ import tensorstore as ts
 from etils.epath import Path
 from tqdm.auto import tqdm
 
+from paraflax import destination
 from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import append_text, read_json, write_atomic, write_json
+from paraflax.json_io import (append_text, json_field, read_json_object, write_atomic,
+                              write_json)
 from paraflax.training import lock
 from paraflax.training.interrupt import Interrupted
 from paraflax.paths import kvstore, resolve_path
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"
+# the int settings (>= 1) meta.json must hold: every store's, then each kind's own
+META_INTS = ("examples", "batch_size")
+KIND_INTS = {"trajectory store": ("max_prompt_len", "block_size", "num_blocks"),
+             "teacher store": ("max_prompt_len", "answer_len")}
+
+
+def checked_meta(path: Path, what: str) -> dict:
+  """The meta.json of the store `path` (a `what`), its settings checked by shape: one
+  ValueError line naming the file and the field otherwise."""
+  file = path / META
+  meta = read_json_object(file)
+  for name in META_INTS + KIND_INTS.get(what, ()):
+    json_field(file, meta, name, int, 1)
+  return meta
+
+
+def read_progress(path: Path) -> int:
+  """The batches progress.json of the store `path` says are on disk (checked by shape)."""
+  return json_field(path / PROGRESS, read_json_object(path / PROGRESS), "batches", int, 0)
+
+
+class FewerExamples(UserWarning):
+  """A store made from records holds fewer examples than asked: there are no more prompts."""
 
 
 def training_prompts(tokens: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +102,7 @@ class Prompts:
 def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] = (),
                    meta: Mapping | None = None) -> Prompts:
   """At most `cfg.examples` of the records' prompt ids `ids`, each record at most once, in an
-  order drawn from `cfg.seed` (fewer records: all of them).
+  order drawn from `cfg.seed` (fewer records: all of them, with a `FewerExamples` warning).
 
   `prefix[i]`: record i is a document without a prompt (a text record), cut to its first n
   tokens, n uniform in [min_prompt_len, max_prompt_len]. A prompt shorter than
@@ -94,6 +119,10 @@ def record_prompts(ids: Sequence[Sequence[int]], cfg, *, prefix: Sequence[bool] 
     raise ValueError(f"none of the {len(ids)} records has a prompt of min_prompt_len={lo} "
                      "tokens or more: lower --min-prompt-len")
   order = [usable[j] for j in rng.permutation(len(usable))[:cfg.examples]]
+  if len(order) < cfg.examples:
+    warnings.warn(f"the records give {len(order)} usable prompts: the store holds "
+                  f"{len(order)} examples, not the {cfg.examples} asked (examples)",
+                  FewerExamples, stacklevel=2)
   tokens = np.zeros((len(order), hi), np.int32)
   lengths = np.zeros(len(order), np.int32)
   for row, i in enumerate(order):
@@ -130,7 +159,10 @@ def num_batches(meta: Mapping) -> int:
 
 
 def writing(out: Path, *, what: str):
-  """The lock a command holds while it fills the store `out` (one writer per store)."""
+  """The lock a command holds while it fills the store `out` (one writer per store), once
+  `out` is known to be new, empty or a `what` (`destination.check_store_dir`): stores resume
+  in their own directory, and never fill another kind's or a user's other files."""
+  destination.check_store_dir(out, what)
   return lock.hold(out, what=what)
 
 
@@ -150,18 +182,18 @@ def open_store(out: Path, meta: dict, shapes: Mapping[str, tuple], tokenizer, *,
   """
   done, meta = 0, _resolved(meta)
   if (out / META).is_file() and (out / PROGRESS).is_file():
-    old = _resolved(read_json(out / META))
+    old = _resolved(checked_meta(out, what))
     if old != meta:
       diff = sorted(k for k in set(meta) | set(old) if old.get(k) != meta.get(k))
       raise ValueError(f"{str(out)!r} holds a {what} made with other settings "
                        f"({', '.join(diff)}); use a fresh directory")
-    done = read_json(out / PROGRESS)["batches"]
+    done = read_progress(out)
   if done:
     _trim_checksums(out, done)
     return {k: open_array(out, k) for k in shapes}, done
   out.mkdir(parents=True, exist_ok=True)
+  write_json(out / META, meta)  # first: a store killed while starting is still one of its kind
   arrays = {k: open_array(out, k, *shapes[k], create=True) for k in shapes}
-  write_json(out / META, meta)
   tokenizer.save(out / TOKENIZER)
   write_json(out / PROGRESS, {"batches": 0})
   made = [META, TOKENIZER] + [f"{k}/.zarray" for k in shapes]
@@ -258,7 +290,7 @@ def fill(out: Path, arrays: Mapping, meta: Mapping, done: int,
     if share is not None:
       share.sync(f"{out} filled")  # progress.json is final for every process
   except KeyboardInterrupt:  # Ctrl-C: what progress.json says is on disk is kept
-    kept = read_json(out / PROGRESS)["batches"]
+    kept = read_progress(out)
     raise Interrupted(f"interrupted: {kept} of {total} batches are kept in {out}; run the "
                       "same command again to resume") from None
   finally:
@@ -270,7 +302,7 @@ def read_meta(path: str | os.PathLike, *, what: str, command: str) -> dict:
   path = Path(path).expanduser()
   if not (path / META).is_file():
     raise FileNotFoundError(f"no {what} at {str(path)!r} (make one with `paraflax {command}`)")
-  return read_json(path / META)
+  return checked_meta(path, what)
 
 
 def check_row_length(path: str | os.PathLike, what: str, length: int, how: str,
@@ -287,7 +319,7 @@ def read_store(path: str | os.PathLike, names, *, what: str,
   path = Path(path).expanduser()
   meta = read_meta(path, what=what, command=command)
   total = num_batches(meta)
-  done = read_json(path / PROGRESS)["batches"] if (path / PROGRESS).is_file() else 0
+  done = read_progress(path) if (path / PROGRESS).is_file() else 0
   if done < total:
     raise ValueError(f"{what} {str(path)!r} is incomplete ({done}/{total} batches): rerun "
                      f"`paraflax {command}` with the same settings to finish it")

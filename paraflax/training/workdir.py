@@ -17,11 +17,10 @@ from flax import nnx
 
 from paraflax import sharding
 from paraflax.data.tokenizer import Tokenizer, load_tokenizer
-from paraflax.json_io import read_json
 from paraflax.paths import as_path, is_hf_dir
 from paraflax.model import Transformer
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
-from paraflax.training.config import TrainConfig, config_differences
+from paraflax.training.config import TrainConfig, config_differences, read_config
 from paraflax.training.step import init_params
 
 CONFIG = "config.json"
@@ -31,7 +30,7 @@ TOKENIZER = "tokenizer.json"
 def check_workdir(cfg: TrainConfig, workdir: epath.Path, tokenizer: Tokenizer) -> None:
   """Refuse to resume a run trained with a different config or tokenizer."""
   if (workdir / CONFIG).is_file():
-    saved = TrainConfig.from_dict(read_json(workdir / CONFIG))
+    saved = read_config(workdir / CONFIG)
     diffs = config_differences(saved, cfg)
     if diffs:
       raise ValueError(f"config mismatch: workdir {str(workdir)!r} holds a run with a different "
@@ -164,7 +163,7 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
     if not (workdir / name).is_file():
       raise FileNotFoundError(f"{str(workdir / name)!r} not found: {str(workdir)!r} is not a "
                               "paraflax training workdir")
-  cfg = TrainConfig.from_dict(read_json(workdir / CONFIG))
+  cfg = read_config(workdir / CONFIG)
   tokenizer = Tokenizer.load(workdir / TOKENIZER)
   steps = []
   if (workdir / CHECKPOINTS).is_dir():

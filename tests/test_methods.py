@@ -32,7 +32,7 @@ def test_cli_names_and_the_bench_row_names():
                              "speculative"]
   assert methods.names("infill") == ["any-order", "assd", "assd-ngram"]
   assert [m.name for m in bench_methods()] == ["jacobi", "jacobi_mr", "prompt_lookup"]
-  every = bench_methods({"jf": "JF", "tidar": "TD"}, {"deer": "D", "ar_drafter": "A"})
+  every = bench_methods({"jf": "JF", "tidar": "TD"}, {"deer": ("D", 50), "ar_drafter": ("A", 60)})
   assert [m.name for m in every] == [
       "jacobi", "jacobi_forcing", "jacobi_mr", "jacobi_forcing_mr", "prompt_lookup",
       "tidar_k4", "tidar_k8", "tidar_k16", "deer_k4", "deer_k8", "deer_k16",
@@ -41,8 +41,9 @@ def test_cli_names_and_the_bench_row_names():
   assert by_name["jacobi_forcing"].model == "JF" and by_name["jacobi_forcing"].weights == "jf"
   assert by_name["tidar_k8"].decoder == pf.decoders.TiDAR(block_size=8, beta=1.0)
   assert by_name["deer_k4"].draft_model == "D" and by_name["spec_ar_k16"].draft_model == "A"
+  assert by_name["deer_k4"].decoder.vocab == 50 and by_name["spec_ar_k16"].decoder.vocab == 60
   assert by_name["jacobi_mr"].settings == "n16 K1 pool16 C3"
-  assert [m.name for m in bench_methods(drafters={"deer": "D"}, ks=(8,))][-1] == "deer_k8"
+  assert [m.name for m in bench_methods(drafters={"deer": ("D", 50)}, ks=(8,))][-1] == "deer_k8"
   assert [(n, s) for n, s, _ in infill_methods(greedy=False)] == [
       ("any_order", "T=1"), ("assd_self", "k=5 T=1"), ("assd_ngram", "k=5 T=1")]
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits
+from conftest import full_logits, reference_libs
 import tokenizers
-import torch
-import transformers
 
 from paraflax import cli
 from paraflax.training import load_trained
+
+torch, transformers = reference_libs()
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "hf"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2

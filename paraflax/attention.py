@@ -51,9 +51,9 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
   runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
   (2) a model with max_seq_len <= `DENSE_MAX_LEN` runs "xla"; (3) on CPU or with float32
   compute "xla_chunked" (float32 exactness, DESIGN invariant 1, needs a path that honours
-  the matmul precision); (4) with 16-bit compute on TPU "mosaic", falling back to "xla_chunked" for a shape the kernel declines; on GPU
-  "xla_chunked" until a GPU run verifies a tokamax kernel with the supported versions
-  (docs/kernels.md: which pick was verified on which device).
+  the matmul precision); (4) with 16-bit compute, on TPU "mosaic", falling back to
+  "xla_chunked" for a shape the kernel declines; on GPU "xla_chunked" until a GPU run
+  verifies a tokamax kernel with the supported versions (docs/kernels.md).
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """

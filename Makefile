@@ -1,24 +1,50 @@
-# Two entry points: `make demo` and `make test`. Both create .venv on a fresh machine.
-PYTHON ?= python3
+# Two entry points: `make demo` and `make test`. Both create .venv on a fresh machine, from the
+# newest Python >= 3.12 found (3.13, then 3.12; `make PYTHON=/path/to/python3.12 ...` names one).
+# `make test` also creates .venv-min, the lower bounds of pyproject.toml on the oldest Python
+# found, and runs the fast tier there (docs/testing.md).
+PYTHON ?=
 VENV := .venv
 PY := $(VENV)/bin/python
+MIN := .venv-min
+MIN_PINS := jax==0.11.2 jaxlib==0.11.2 flax==0.12.10 tokamax==0.0.13
+# Prints the Python to build a venv from, or one line saying that none fits, and fails.
+FIND_PYTHON = PYTHON="$(PYTHON)" scripts/find_python.sh
 
-.PHONY: demo test test-fast clean
+.PHONY: demo test test-fast test-min clean FORCE
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+# Succeeds where venv $(1) runs a Python >= 3.12. One that does not (an older Python, or gone)
+# is out of date whatever its stamp's age, and is rebuilt, not reused.
+venv_ok = $(1)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
+stale = $(shell $(call venv_ok,$(1)) || echo FORCE)
+
+# $(1): venv, $(2): Python preference, $(3): what to install.
+define make_venv
+	@$(call venv_ok,$(1)) \
+	  || { rm -rf $(1) && py=$$($(FIND_PYTHON) $(2)) && echo "$(1): $$py" && $$py -m venv $(1); }
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q $(3)
+	touch $(1)/.installed
+endef
+
+$(VENV)/.installed: pyproject.toml $(call stale,$(VENV))
+	$(call make_venv,$(VENV),3.13 3.12,-e '.[dev]')
+
+$(MIN)/.installed: pyproject.toml Makefile $(call stale,$(MIN))
+	$(call make_venv,$(MIN),3.12 3.13,-e '.[test]' $(MIN_PINS))
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/paraflax demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed test-min
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m fast
 
+test-min: $(MIN)/.installed
+	$(MIN)/bin/python -m pytest -q -m fast
+
+FORCE:
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(MIN) .pytest_cache

@@ -12,7 +12,8 @@ grouped-query: H = G * Hkv, query head h reads kv head h // G. Implementations
   mosaic       tokamax Pallas kernels: TPU splash attention / Mosaic GPU (sm90+).
   triton       tokamax Pallas Triton flash attention (GPU).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU).
-  auto         `resolve`: static in (backend, compute dtype, max_seq_len), plus a decode rule.
+  auto         `resolve`: static in (backend, compute dtype, max_seq_len), plus a decode rule;
+               what it picks per backend, and where that was verified: docs/kernels.md.
 
 xla and xla_chunked honour `jax_default_matmul_precision` (float32 exactness); the
 accelerator kernels do not promise to, so "auto" never picks them for float32 compute.
@@ -49,21 +50,6 @@ def check(name: str) -> None:
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {name!r}")
 
 
-def triton_ok(jax_version: str, tokamax_version: str | None) -> bool:
-  """Whether tokamax's Triton kernel runs with these versions: tokamax <= 0.0.12 calls
-  `pl.dot`, which JAX 0.11 removed (an AttributeError at trace time, seen on an H100)."""
-  num = lambda v: tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
-  return tokamax_version is None or num(jax_version) < (0, 11) or num(tokamax_version) > (0, 0, 12)
-
-
-def _tokamax_version() -> str | None:
-  from importlib.metadata import PackageNotFoundError, version
-  try:
-    return version("tokamax")
-  except PackageNotFoundError:
-    return None
-
-
 def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows: int = 0,
             cached: bool = False) -> str | tuple[str, ...]:
   """The implementation that setting `name` stands for: static (backend, dtype, the model's
@@ -73,9 +59,9 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
   runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
   (2) a model with max_seq_len <= `DENSE_MAX_LEN` runs "xla"; (3) on CPU or with float32
   compute "xla_chunked" (float32 exactness, DESIGN invariant 1, needs a path that honours
-  the matmul precision); (4) on GPU / TPU with 16-bit compute the backend's kernel
-  ("triton" / "mosaic"), falling back to "xla_chunked" for a shape the kernel declines;
-  "xla_chunked" on GPU where the installed tokamax's Triton kernel cannot run (`triton_ok`).
+  the matmul precision); (4) with 16-bit compute, on TPU "mosaic", falling back to
+  "xla_chunked" for a shape the kernel declines; on GPU "xla_chunked" until a GPU run
+  verifies a tokamax kernel with the supported versions (docs/kernels.md).
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
@@ -89,10 +75,7 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
     return "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla_chunked"
-  if backend == "tpu":
-    return ("mosaic", "xla_chunked")
-  return ("triton", "xla_chunked") if triton_ok(jax.__version__, _tokamax_version()) \
-      else "xla_chunked"
+  return ("mosaic", "xla_chunked") if backend == "tpu" else "xla_chunked"
 
 
 def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str = "xla",

@@ -92,6 +92,14 @@ def full_logits(model, tokens_BxT, positions_BxT=None) -> np.ndarray:
   return np.asarray(logits)
 
 
+def reference_libs():
+  """(torch, transformers): the reference implementation, from the dev extra. A test module that
+  needs them is skipped where they are not installed (the lower-bound venv has the test extra
+  only); one that is installed but fails to import is an error."""
+  return (pytest.importorskip("torch", exc_type=ModuleNotFoundError),
+          pytest.importorskip("transformers", exc_type=ModuleNotFoundError))
+
+
 class StubTokenizer:
   """What a trajectory / teacher store keeps of the tokenizer of the model that made it."""
 

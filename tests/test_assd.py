@@ -62,7 +62,6 @@ def test_bigram_drafter_normalises_over_observed_bigrams_with_a_unigram_fallback
   np.testing.assert_allclose(two, [0, 0.5, 0.5, 0, 0])  # (2,1), (2,2); (2, hole) skipped
 
 
-@pytest.mark.fast
 def test_theorem_1_model_calls_never_exceed_tokens(asarm):
   """Sampled fills of many random hole patterns: calls <= generated tokens on every row, and
   a self-draft iteration (draft + verify call) decides >= 2 tokens."""
@@ -77,7 +76,6 @@ def test_theorem_1_model_calls_never_exceed_tokens(asarm):
       assert np.all(out.holes >= 2 * out.iterations - 1)
 
 
-@pytest.mark.fast
 def test_loop_twin_and_compile_once(asarm):
   rng = np.random.default_rng(2)
   canvas = random_canvases(rng, 4, 16, 48)

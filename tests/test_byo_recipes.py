@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits
+from conftest import full_logits, reference_libs
 import tokenizers
-import torch
-import transformers
 from flax import nnx
 
 import paraflax as pf
@@ -22,6 +20,8 @@ from paraflax import cli
 from paraflax.hf import auto_tokenizer, export_hf, load_hf_tokenizer
 from paraflax.hf.chat import chat_template
 from paraflax.training import load_trained
+
+torch, transformers = reference_libs()
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "hf"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2

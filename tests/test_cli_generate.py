@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import reference_libs
 
 import paraflax as pf
 from paraflax import cli
@@ -31,8 +32,7 @@ def _cache(tmp_path, monkeypatch):
 def hf_dir(tmp_path_factory):
   """A random-weight Qwen2 directory saved by transformers, with the shipped model's BPE
   tokenizer (so it can draft for it) and a chat template."""
-  import torch
-  import transformers
+  torch, transformers = reference_libs()
   path = tmp_path_factory.mktemp("hf") / "qwen2"
   torch.manual_seed(0)
   cfg = transformers.Qwen2Config(vocab_size=2048, hidden_size=64, intermediate_size=128,

@@ -162,7 +162,6 @@ def test_chat_records_need_a_template_and_bad_arguments_are_named(tmp_path):
   assert get_source("jsonl", {"path": "old.jsonl"}).files == ("old.jsonl",)
 
 
-@pytest.mark.fast
 def test_the_trainer_trains_on_loss_masked_records(tmp_path):
   import dataclasses
   from pathlib import Path

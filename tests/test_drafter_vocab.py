@@ -54,7 +54,6 @@ def fresh_caches():
   jax.clear_caches()  # no test after this one may reuse a step traced with a patch
 
 
-@pytest.mark.fast
 def test_greedy_drafter_with_more_rows_equals_ar_and_never_drafts_an_extra_id(
     model, ar_tokens, monkeypatch, fresh_caches):
   drafter = with_extra_rows(model, model.cfg.vocab_size)  # 96 rows for a 48-row verifier
@@ -72,7 +71,6 @@ def test_greedy_drafter_with_more_rows_equals_ar_and_never_drafts_an_extra_id(
   assert np.all(acc[acc > 0] == 1), acc.tolist()
 
 
-@pytest.mark.fast
 def test_greedy_drafter_with_fewer_rows_equals_ar(model, ar_tokens):
   """The verifier emits ids the drafter has no row for (fed to it as 0); drafts < vocab=."""
   drafter = micro_model(seed=7, vocab_size=40, d_model=16, n_layers=1)
@@ -82,7 +80,6 @@ def test_greedy_drafter_with_fewer_rows_equals_ar(model, ar_tokens):
   np.testing.assert_array_equal(out.tokens, ar_tokens)
 
 
-@pytest.mark.fast
 def test_deer_drafter_with_method_tokens_past_the_verifier_equals_ar():
   target = micro_model(seed=11, vocab_size=8, logit_std=2.5)
   base = micro_model(seed=12, vocab_size=8, d_model=16, n_layers=1)

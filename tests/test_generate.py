@@ -46,7 +46,6 @@ def test_greedy_equals_no_cache_reference_for_every_row_of_a_ragged_batch(model)
   np.testing.assert_array_equal(out.prefill_forwards, [1, 1, 1])
 
 
-@pytest.mark.fast
 def test_batch_rows_equal_each_prompt_alone(model):
   batch = pf.generate(model, PROMPTS, max_new_tokens=10)
   for row, prompt in enumerate(PROMPTS):
@@ -54,7 +53,6 @@ def test_batch_rows_equal_each_prompt_alone(model):
     np.testing.assert_array_equal(batch.tokens[row], alone.tokens[0])
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("sampler", [pf.Greedy(), pf.TopP(0.9, temperature=0.8)])
 def test_while_loop_and_python_loop_agree(model, sampler):
   kw = dict(decoder=pf.decoders.AR(sampler), max_new_tokens=9, rng=jax.random.key(4), eos_id=7)

@@ -14,10 +14,8 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import full_logits
+from conftest import full_logits, reference_libs
 import tokenizers
-import torch
-import transformers
 from flax import nnx
 
 import paraflax as pf
@@ -32,6 +30,8 @@ from paraflax.hf import (
 from paraflax.hf.load import abstract_model
 from paraflax.hf.safetensors_io import read_header, read_tensor, write_safetensors
 from paraflax.training import load_trained
+
+torch, transformers = reference_libs()
 
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

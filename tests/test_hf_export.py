@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits
-import torch
-import transformers
+from conftest import full_logits, reference_libs
 
 from paraflax import cli, destination
 from paraflax.hf import auto_tokenizer, export
 from paraflax.training import load_trained
+
+torch, transformers = reference_libs()
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTABLE = ["tiny_ar", "jacobi_forcing_r1", "tidar_continual", "deer_drafter", "ar_drafter"]

@@ -21,9 +21,8 @@ PROMPTS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3, 7, 
 # rejected tails recur as correct n-grams and pseudo-active blocks converge
 MR_PROMPTS = PROMPTS + [[7, 27, 33] * 4]
 
-pytestmark = pytest.mark.fast
 
-
+@pytest.mark.fast
 @pytest.mark.parametrize("block_size", [1, 2, 4, 8])
 def test_jacobi_equals_greedy_ar_for_every_row(model, block_size):
   out = pf.generate(model, PROMPTS, decoder=pf.decoders.Jacobi(block_size), max_new_tokens=24)
@@ -50,6 +49,7 @@ def test_jacobi_matches_the_no_cache_reference_with_eos_and_loop_twin(model):
                      max_new_tokens=12).tokens[0].tolist() == reference_greedy(model, PROMPTS[1], 12)
 
 
+@pytest.mark.fast
 def test_jacobi_compiles_once(model):
   rng = np.random.default_rng(2)
   before = TRACES["Jacobi"]
@@ -75,6 +75,7 @@ def test_jacobi_compiles_once(model):
     (pf.decoders.JacobiMR(0), "block_size >= 1"),
     (pf.decoders.JacobiMR(4, sampler=pf.Temperature(0.7)), "JacobiMR decoding is greedy"),
 ])
+@pytest.mark.fast
 def test_bad_parameters_are_clear_errors(model, dec, match):
   with pytest.raises(ValueError, match=match):
     pf.generate(model, [[1, 2]], decoder=dec)
@@ -143,6 +144,7 @@ def test_exactness_check_catches_a_planted_candidate(model, ar_mr, monkeypatch):
   assert not np.array_equal(out.tokens, ar_mr.tokens)
 
 
+@pytest.mark.fast
 def test_recycling_and_multiblock_are_exercised(model, ar_mr):
   """Candidates win (with tokens taken from the pool) and pseudo-active blocks get promoted;
   the default stays the plain n-token chunk, MR feeds (K + C) * n."""
@@ -186,6 +188,7 @@ def test_mr_compiles_once(model):
   assert TRACES["JacobiMR"] - before == 1
 
 
+@pytest.mark.fast
 def test_pool_ring_and_both_lookup_rules():
   """The ring is a deque(maxlen=P) (deduplicated for "rejected_drafts"); "rejected_drafts"
   matches an entry's first token, "released" the first occurrence anywhere but in the newest
@@ -225,6 +228,7 @@ def _stream(drafts, ra_len, blocks, pacc, n=4):
                     wins=zeros, promotions=zeros)
 
 
+@pytest.mark.fast
 def test_advance_promotes_a_pseudo_block_to_drafts_of_the_real_active_block():
   """n = 4, K = 2: [pending | RA draft 10 | pseudo block 20 21 22 23 (20 pseudo-accepted)]."""
   m = _stream([[10, 20, 21, 22, 23, 0, 0]], [1], [1], [[1]])
@@ -244,6 +248,7 @@ def test_advance_promotes_a_pseudo_block_to_drafts_of_the_real_active_block():
   np.testing.assert_array_equal(out.pacc, [[2]])
 
 
+@pytest.mark.fast
 def test_spawn_clones_and_pads_the_real_active_block():
   """n = 4, K = 3, s = 2: row 0's RA [5 | 6 7] has 2 decided tokens (spawns), row 1's 1."""
   m = _stream([[6, 7] + [0] * 9, [6, 7, 8] + [0] * 8], [2, 3], [0, 0], [[0, 0], [0, 0]])
@@ -253,6 +258,7 @@ def test_spawn_clones_and_pads_the_real_active_block():
   np.testing.assert_array_equal(out.blocks, [1, 0])
 
 
+@pytest.mark.fast
 def test_stream_entries_are_the_last_n_tokens_and_the_in_flight_drafts():
   """n = 4, K = 2 (entries of 11): row 0 emitted 1..5 (5 pending), RA draft 10, pseudo block
   20-23; row 1 emitted only 7, a fresh RA 30 31 32. Then each row's fresh RA drafts."""

@@ -8,15 +8,15 @@ from conftest import StubTokenizer
 from paraflax import masks
 from paraflax.training import jacobi_forcing as jf
 
-pytestmark = pytest.mark.fast
 
-
+@pytest.mark.fast
 def test_progressive_schedule_is_cyclic_and_linear():
   np.testing.assert_allclose(jf.noise_schedule(6, 4), [0, .25, .5, .75, 0, .25])
   with pytest.raises(ValueError, match="window must be >= 1"):
     jf.noise_schedule(3, 0)
 
 
+@pytest.mark.fast
 def test_pick_noisy_takes_the_state_nearest_the_target_fraction():
   fixed = np.array([1, 2, 3, 4])
   traj = np.array([[9, 9, 9, 9], [1, 9, 9, 9], [1, 2, 9, 3], [1, 2, 3, 4]])  # 1, .75, .5, 0
@@ -26,6 +26,7 @@ def test_pick_noisy_takes_the_state_nearest_the_target_fraction():
   assert jf.pick_noisy(traj, fixed, 0.0).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.fast
 def test_suffix_noise_counts_every_token_after_the_first_divergence():
   fixed = np.array([1, 2, 3, 4])
   traj = np.array([[9, 9, 9, 9], [1, 9, 3, 4], [1, 2, 3, 4]])  # unconverged 1, .25, 0
@@ -39,6 +40,7 @@ def test_suffix_noise_counts_every_token_after_the_first_divergence():
     jf.TrajectoryData("s", noise_measure="first")
 
 
+@pytest.mark.fast
 def test_packing_interleaves_blocks_and_pairs_share_positions():
   p = jf.pack(np.array([7, 8]), np.array([[1, 9], [3, 9]]), np.array([[1, 2], [3, 4]]))
   assert p.tokens.tolist() == [7, 8, 1, 9, 1, 2, 3, 9, 3, 4]
@@ -47,6 +49,7 @@ def test_packing_interleaves_blocks_and_pairs_share_positions():
   assert p.blocks.tolist() == [-1, -1, 0, 0, 0, 0, 1, 1, 1, 1]
 
 
+@pytest.mark.fast
 def test_noise_aware_mask_equals_the_hand_built_one():
   p = jf.pack(np.array([7, 8]), np.zeros((2, 2), int), np.zeros((2, 2), int))
   got = np.asarray(masks.noise_aware(jnp.asarray(p.kinds)[None], jnp.ones((1, 10), bool))[0])
@@ -98,7 +101,7 @@ def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
   assert np.all(converged[np.arange(n + 1) >= iters[..., None]])
 
 
-
+@pytest.mark.fast
 def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model, tmp_path,
                                                                          monkeypatch):
   from paraflax.training import trajectories as tr
@@ -130,6 +133,7 @@ def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model,
     tr.collect(model, StubTokenizer(), tokens, tmp_path / "b", other, progress=False)
 
 
+@pytest.mark.fast
 def test_example_targets_partners_and_consistency_weights():
   prompt = np.array([7, 8])
   noisy = np.array([[1, 9], [9, 9]])  # block 0 departs at slot 1, block 1 at slot 0
@@ -197,6 +201,7 @@ def test_jacobi_forcing_loss_gradients_follow_the_recipe(model):
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ar_grad)) > 1e-3
 
 
+@pytest.mark.fast
 def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
   ex = jf.example(np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]),
                   np.array([[1, 2, 3], [4, 5, 6]]), 16)

@@ -51,7 +51,6 @@ def _both(fn, tokens, loss_mask):
           fn({"tokens": tokens, "loss_mask": loss_mask})]
 
 
-@pytest.mark.fast
 def test_ar(model, tokens, loss_mask):
   plain, ones, masked = _both(lambda b: ar(model, b, RNG), tokens, loss_mask)
   assert plain[0] == ones[0] and plain[1]["accuracy"] == ones[1]["accuracy"]
@@ -61,7 +60,6 @@ def test_ar(model, tokens, loss_mask):
   np.testing.assert_allclose(float(masked[0]), ref, rtol=1e-5)
 
 
-@pytest.mark.fast
 def test_tidar(model, tokens, loss_mask):
   fn = lambda b: tidar_loss(model, b, RNG, block_size=(3, 4), alpha=0.5)
   plain, ones, masked = _both(fn, tokens, loss_mask)
@@ -76,7 +74,6 @@ def test_tidar(model, tokens, loss_mask):
   np.testing.assert_allclose(float(masked[0]), (0.5 * ar_ref + diff_ref) / 1.5, rtol=1e-5)
 
 
-@pytest.mark.fast
 def test_asarm(model, tokens, loss_mask):
   args = ((0.3, 0.7), (0.3, 0.7), 1)
   plain, ones, masked = _both(lambda b: asarm.asarm_loss(model, b, RNG, *args), tokens, loss_mask)

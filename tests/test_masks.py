@@ -9,30 +9,32 @@ from flax import nnx
 from paraflax import masks
 from conftest import micro_model
 
-pytestmark = pytest.mark.fast
-
 
 def _a(rows):
   return np.array([[c == "1" for c in r.replace(" ", "")] for r in rows])
 
 
+@pytest.mark.fast
 def test_cache_slots():
   got = masks.cache_slots(jnp.array([2, 4]), 5)
   np.testing.assert_array_equal(got, _a(["11000", "11110"]))
 
 
+@pytest.mark.fast
 def test_causal_padding_aware():
   got = masks.causal(jnp.array([3, 1]), 4)
   np.testing.assert_array_equal(got[0], _a(["1000", "1100", "1110", "1110"]))
   np.testing.assert_array_equal(got[1], _a(["1000", "1000", "1000", "1000"]))
 
 
+@pytest.mark.fast
 def test_block_causal():
   got = masks.block_causal(jnp.array([[0, 0, 1, 1, 1]]))
   np.testing.assert_array_equal(
       got[0], _a(["10000", "11000", "00100", "00110", "00111"]))
 
 
+@pytest.mark.fast
 def test_over_cache_and_decode():
   got = masks.decode(jnp.array([2, 0]), 3, 2)
   np.testing.assert_array_equal(got[0], _a(["110 10", "110 11"]))
@@ -42,7 +44,7 @@ def test_over_cache_and_decode():
                                 _a(["10 10", "10 01"]))
 
 
-
+@pytest.mark.fast
 def test_decode_candidates():
   got = masks.decode_candidates(jnp.array([1, 2]), 2, 3, 2, 2)
   assert got.shape == (2, 7, 9)
@@ -80,6 +82,7 @@ def test_causal_mask_makes_logits_independent_of_later_tokens():
     assert np.all(seen[i, ids[:i + 1]] > 0.0), f"position {i} does not see its prefix"
 
 
+@pytest.mark.fast
 def test_tidar_training_mask():
   """[c0..c3 | m0..m3], block size 2: clean causal, mask blocks see the clean prefix before
   them and themselves (the docstring's picture)."""
@@ -92,6 +95,7 @@ def test_tidar_training_mask():
   np.testing.assert_array_equal(masks.tidar(kinds, blocks), got)
 
 
+@pytest.mark.fast
 def test_tidar_prefill():
   got = masks.tidar_prefill(jnp.array([2, 3]), 3, 2)
   np.testing.assert_array_equal(got[0], _a([
@@ -100,6 +104,7 @@ def test_tidar_prefill():
       "100 00", "110 00", "111 00", "111 11", "111 11"]))
 
 
+@pytest.mark.fast
 def test_tidar_decode():
   got = masks.tidar_decode(jnp.array([1, 2]), 2, 2)
   assert got.shape == (2, 6, 8)

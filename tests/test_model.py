@@ -10,8 +10,6 @@ import paraflax as pf
 from paraflax import masks
 from conftest import MICRO, micro_model
 
-pytestmark = pytest.mark.fast
-
 VARIANTS = [
     dict(),
     dict(qkv_bias=True),
@@ -49,6 +47,7 @@ def test_logits_are_float32_in_bfloat16_compute():
   assert kv.k.shape == (MICRO["n_layers"], 1, 3, MICRO["n_kv_heads"], 8)
 
 
+@pytest.mark.fast
 def test_params_carry_logical_axis_names(model):
   specs = nnx.get_partition_spec(nnx.state(model, nnx.Param))
   leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
@@ -57,6 +56,7 @@ def test_params_carry_logical_axis_names(model):
   assert all(len(spec) > 0 for spec in leaves)
 
 
+@pytest.mark.fast
 def test_mask_shape_mismatch_is_a_clear_error(model):
   tokens = jnp.zeros((1, 3), jnp.int32)
   with pytest.raises(ValueError, match=r"mask must have shape \[B, T, S\+T\]"):
@@ -74,6 +74,7 @@ def test_mask_shape_mismatch_is_a_clear_error(model):
     (dict(mask_token_id=48), "outside the vocabulary"),
     (dict(sep_token_id=-1), "sep_token_id -1 is outside the vocabulary"),
 ])
+@pytest.mark.fast
 def test_bad_config_is_a_clear_error(bad, match):
   with pytest.raises(ValueError, match=match):
     pf.ModelConfig(**{**MICRO, **bad})

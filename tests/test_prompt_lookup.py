@@ -31,7 +31,6 @@ def _lookup_reference(ctx, max_ngram, k):
   return [ctx[-1]] * k, False
 
 
-@pytest.mark.fast
 def test_vectorised_lookup_equals_the_python_reference():
   rng = np.random.default_rng(0)
   rows = [list(rng.integers(0, 4, rng.integers(1, 20))) for _ in range(200)]
@@ -59,7 +58,6 @@ def test_greedy_equals_ar_for_every_row(model, max_ngram, k):
   assert out.tokens[0].tolist() == reference_greedy(model, PROMPTS[0], 20)
 
 
-@pytest.mark.fast
 def test_eos_and_loop_twin(model):
   dec = pf.decoders.PromptLookup(max_ngram=2, num_tokens=5)
   ar = pf.generate(model, PROMPTS, max_new_tokens=16)
@@ -73,7 +71,6 @@ def test_eos_and_loop_twin(model):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
-@pytest.mark.fast
 def test_compiles_once(model):
   rng = np.random.default_rng(1)
   before = TRACES["PromptLookup"]

@@ -11,7 +11,6 @@ from flax import nnx
 import paraflax as pf
 from paraflax.decoding.checks import prepare_prompts
 
-pytestmark = pytest.mark.fast
 D = pf.decoders
 
 
@@ -25,6 +24,7 @@ D = pf.decoders
     (D.ASSD, r"^decoder=pf.decoders.ASSD is the class"),
     ("jacobi", r"^decoder must be one of pf.decoders \(an instance\) for pf.generate, got str"),
 ])
+@pytest.mark.fast
 def test_generate_refuses_the_wrong_kind_of_decoder(model, decoder, match):
   for entry in (lambda: pf.generate(model, [[1, 2]], decoder=decoder, max_new_tokens=2),
                 lambda: next(pf.generate_steps(model, [[1, 2]], decoder, 2)),
@@ -42,12 +42,14 @@ def test_generate_refuses_the_wrong_kind_of_decoder(model, decoder, match):
     (D.ASSD, r"^decoder=pf.decoders.ASSD is the class: pass an instance"),
     (D.AR, r"^decoder=pf.decoders.AR is the class"),
 ])
+@pytest.mark.fast
 def test_infill_refuses_the_wrong_kind_of_decoder(model, decoder, match):
   with jax.transfer_guard("disallow"), pytest.raises(TypeError, match=match) as err:
     pf.infill(model, [[1, pf.HOLE]], decoder=decoder)
   assert "\n" not in str(err.value)
 
 
+@pytest.mark.fast
 def test_every_decoder_is_one_kind_with_its_own_state_type():
   for name in D.__all__:
     cls = getattr(D, name)
@@ -56,6 +58,7 @@ def test_every_decoder_is_one_kind_with_its_own_state_type():
       assert issubclass(cls.State, pf.decoding.state.DecodeState), name
 
 
+@pytest.mark.fast
 def test_vectorised_prompt_checks_pad_lists_and_arrays_alike():
   rows = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [np.int32(11)]]
   padded, lengths = prepare_prompts(rows, 48)

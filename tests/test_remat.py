@@ -21,8 +21,6 @@ from paraflax.training.asarm import asarm_loss
 from paraflax.model import remat_policy, scans
 from paraflax.training.config import config_differences
 
-pytestmark = pytest.mark.fast
-
 # each policy, each layout, scan with and without remat (one compilation each); the plain
 # model is the micro default ("auto": no remat, no scan)
 VARIANTS = [dict(remat="full", scan_layers=False), dict(remat="full"),  # "auto" scans
@@ -91,6 +89,7 @@ def test_generate_is_unchanged_by_remat_and_scan(settings):
   np.testing.assert_array_equal(other.lengths, plain.lengths)
 
 
+@pytest.mark.fast
 def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
   cfg = load_config(Path(__file__).parent.parent / "configs" / "micro_ar.py")
   other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
@@ -109,6 +108,7 @@ def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
     pf.ModelConfig(**MICRO, scan_layers=1)
 
 
+@pytest.mark.fast
 def test_auto_remats_and_scans_real_size_training_calls_only():
   small = pf.ModelConfig(**MICRO)
   # Qwen2.5-0.5B's layer shapes at 1024 tokens, bf16: ~0.9 GiB of activations per row

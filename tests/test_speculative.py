@@ -72,7 +72,6 @@ def _expected_accepted(draft_next, prompt, out, k, n_new):
   return counts
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["small", "truncated"])
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_greedy_equals_ar_and_drafts_are_the_drafters_greedy_continuation(model, drafter, k,
@@ -98,7 +97,6 @@ def test_greedy_equals_ar_and_drafts_are_the_drafters_greedy_continuation(model,
     assert acc.max() > 1 and np.any((acc > 0) & (acc < k + 1)), "accept and reject paths"
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_verifier_as_its_own_drafter_accepts_every_draft(model, k):
   out = pf.generate(model, PROMPTS, decoder=pf.decoders.Speculative(k), max_new_tokens=N_NEW,
@@ -114,7 +112,6 @@ def test_verifier_as_its_own_drafter_accepts_every_draft(model, k):
   np.testing.assert_array_equal(out.forwards, -(-(N_NEW - 1) // (k + 1)))
 
 
-@pytest.mark.fast
 def test_eos_and_loop_twin(model, drafter):
   dec = pf.decoders.Speculative(3)
   ar = pf.generate(model, PROMPTS, max_new_tokens=16)
@@ -131,7 +128,6 @@ def test_eos_and_loop_twin(model, drafter):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
-@pytest.mark.fast
 def test_sampled_while_and_python_loops_agree(model, drafter):
   dec = pf.decoders.Speculative(2, pf.TopK(5, 1.3))
   kw = {"decoder": dec, "max_new_tokens": 12, "draft_model": drafter, "rng": jax.random.key(4)}
@@ -141,7 +137,6 @@ def test_sampled_while_and_python_loops_agree(model, drafter):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
-@pytest.mark.fast
 def test_compiles_once(model, drafter):
   rng = np.random.default_rng(1)
   before = TRACES["Speculative"]
@@ -239,7 +234,6 @@ def _diffusion_block(drafter, width):
   return run
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("k, prefix", [(1, "causal"), (2, "causal"), (4, "causal"), (8, "causal"),
                                        (4, "bidirectional")])
 def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
@@ -268,7 +262,6 @@ def test_deer_greedy_equals_ar_and_drafts_are_the_block_of_the_whole_context(
     assert acc.max() == 2, "a full acceptance (k + 1 unseen tokens next step) happens"
 
 
-@pytest.mark.fast
 def test_deer_eos_loop_twin_and_compiles_once(small_target, diffusion_drafter):
   prompts = [[p % V_SMALL for p in row] for row in PROMPTS]
   dec = pf.decoders.DEER(3)

@@ -116,7 +116,6 @@ def test_diffusion_slots_see_only_the_clean_prefix_before_their_block(raw):
   assert float(jnp.min(jnp.max(jnp.abs(a[:, 20:] - c[:, 20:]), -1))) > 1e-3
 
 
-@pytest.mark.fast
 def test_objective_trains_both_modes(trained):
   _, first, last = trained
   assert float(last["ar_loss"]) < 0.5 * float(first["ar_loss"])
@@ -156,7 +155,6 @@ def test_greedy_beta1_equals_greedy_ar_for_every_row(trained, block_size):
     assert np.all(out.forwards[:3] <= 2 * -(-23 // block_size))
 
 
-@pytest.mark.fast
 def test_greedy_equals_the_no_cache_reference_and_untrained_weights(trained, raw):
   model = trained[0]
   out = pf.generate(model, [PROMPTS[3]], decoder=pf.decoders.TiDAR(4), max_new_tokens=16)
@@ -166,7 +164,6 @@ def test_greedy_equals_the_no_cache_reference_and_untrained_weights(trained, raw
   np.testing.assert_array_equal(out.tokens, pf.generate(raw, PROMPTS, max_new_tokens=16).tokens)
 
 
-@pytest.mark.fast
 def test_eos_loop_twin_and_commits(trained):
   """EOS as AR; while loop = Python loop; after every step the cache holds exactly the
   emitted tokens but the last (accepted causal inputs only), and the state carries q-free
@@ -243,7 +240,6 @@ def test_stochastic_tidar_samples_the_target_joint(monkeypatch, beta):
 
 # ---- compile once, errors ----
 
-@pytest.mark.fast
 def test_compiles_once(trained):
   model, rng = trained[0], np.random.default_rng(4)
   before = TRACES["TiDAR"]

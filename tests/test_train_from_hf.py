@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits
+from conftest import full_logits, reference_libs
 import tokenizers
-import torch
-import transformers
 from flax import nnx
 
 import paraflax as pf
@@ -29,6 +27,8 @@ from paraflax.training.config import TrainConfig, apply_overrides, load_config
 from paraflax.from_hf import from_hf
 from paraflax.training.trainer import open_data, train
 from paraflax.training.workdir import initial_params
+
+torch, transformers = reference_libs()
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EOT = "<|endoftext|>"

@@ -127,7 +127,6 @@ class _Rows:
                      max_position=self.length, tokenizer_source="test rows", rows="test")
 
 
-@pytest.mark.fast
 def test_the_trainer_trains_on_a_source_registered_outside_paraflax(micro, tmp_path,
                                                                     monkeypatch):
   monkeypatch.setitem(SOURCES, "test-rows", _Rows)

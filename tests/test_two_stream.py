@@ -37,7 +37,6 @@ def _teacher_forced(model, tokens, visible):
   return logits, kv
 
 
-@pytest.mark.fast
 def test_a_query_never_reads_its_own_token_but_later_queries_do(asarm):
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, 48, (1, 10)), jnp.int32)
@@ -49,7 +48,6 @@ def test_a_query_never_reads_its_own_token_but_later_queries_do(asarm):
   assert float(jnp.abs(changed[0, 7] - logits[0, 7]).max()) > 1e-3  # a later target reads it
 
 
-@pytest.mark.fast
 def test_query_stream_over_a_cache_equals_one_teacher_forced_call(asarm):
   """Prompt content cached, then targets' content + queries as a chunk: same query logits."""
   rng = np.random.default_rng(1)

@@ -50,7 +50,6 @@ def test_residual_without_mass_is_safe():
   np.testing.assert_allclose(r, p)
 
 
-@pytest.mark.fast
 def test_point_mass_draft_accepts_with_target_probability():
   p = _random_dist(jax.random.key(1), (1, 2, 5))
   drafts = jnp.array([[2]])

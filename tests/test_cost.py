@@ -61,3 +61,13 @@ def test_bad_settings_are_clear_errors():
     step_cost(model, cache_len=0)
   with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
     step_cost(model, cache_len=510)
+
+
+@pytest.mark.fast
+def test_figures_are_per_step_at_any_steps_per_iter():
+  model = abstract()
+  one, two = (step_cost(model, pf.decoders.Jacobi(4), cache_len=32, steps_per_iter=n)
+              for n in (1, 2))
+  assert (one["steps_per_iter"], two["steps_per_iter"]) == (1, 2)
+  assert two["flops"] == pytest.approx(one["flops"], rel=0.05)
+  assert two["bytes_accessed"] == pytest.approx(one["bytes_accessed"], rel=0.1)

@@ -24,9 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax._src.lib import xla_client
 
-from paraflax.decoding import checks
+from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
-from paraflax.decoding.core import check_setup, decode_loop
 
 # instructions that launch no work: the rest of a loop body are its "ops" (a kernel each,
 # roughly, on a GPU)
@@ -36,7 +35,7 @@ _HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
-_loop = jax.jit(decode_loop, static_argnames=("max_new_tokens",))
+_loop = jax.jit(core.decode_loop, static_argnames=("max_new_tokens", "steps_per_iter"))
 
 
 def _abstract(tree):
@@ -136,10 +135,13 @@ def _cache_bytes(cfg, batch: int, slots: int) -> int:
 
 
 def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
-              max_new_tokens: int = 16, draft_model=None) -> dict:
+              max_new_tokens: int = 16, draft_model=None,
+              steps_per_iter: int | None = None) -> dict:
   """XLA's cost analysis of one decode step of `decoder` (default AR) over a cache holding
   `cache_len` tokens per row (the prompt buffer's width; the loop's cache has room for
-  `max_new_tokens` and the decoder's lookahead past it), `batch` rows.
+  `max_new_tokens` and the decoder's lookahead past it), `batch` rows, the loop running
+  `steps_per_iter` steps per iteration (None: as `pf.generate` runs it on this backend; the
+  figures are its body's divided by them).
 
   Returns a JSON-able dict: `bytes_accessed`, `flops`, `transcendentals` and `ops` (the work
   instructions, a kernel each on a GPU, `ops_by_kind` by opcode) per step; `weight_bytes` (the
@@ -148,8 +150,9 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
   """
   cfg = model.cfg
   draft_cfg = None if draft_model is None else draft_model.cfg
-  decoder, max_new_tokens, eos_E = check_setup(cfg, decoder, max_new_tokens, None, draft_cfg)
+  decoder, max_new_tokens, eos_E = core.check_setup(cfg, decoder, max_new_tokens, None, draft_cfg)
   batch, cache_len = checks.integer("batch", batch, 1), checks.integer("cache_len", cache_len, 1)
+  unroll = core.resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens)
   if cache_len + max_new_tokens > cfg.max_seq_len:
     raise ValueError(f"cache_len ({cache_len}) + max_new_tokens ({max_new_tokens}) exceeds the "
                      f"model's max_seq_len {cfg.max_seq_len}")
@@ -159,13 +162,15 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
           jax.ShapeDtypeStruct((batch,), jnp.int32),
           jax.eval_shape(functools.partial(jax.random.key, 0)), _abstract(jnp.asarray(eos_E)))
   start = time.perf_counter()
-  hlo = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens).compile().as_text()
+  hlo = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
+                    steps_per_iter=unroll).compile().as_text()
   compile_s = time.perf_counter() - start
   slots = decoder.cache_capacity(cache_len, max_new_tokens) + 1  # + the spare slot
   cache_shape = (f"{_HLO_DTYPES[cfg.dtype]}[{cfg.n_layers},{batch},{slots},{cfg.n_kv_heads},"
                  f"{cfg.dim_per_head}]")
   body, comps = _loop_body(hlo, cache_shape)
   cost, ops = _analyse(hlo, comps, body)
+  cost = {k: v / unroll for k, v in cost.items()}
   weight_bytes = _bytes_at(fwd.params, cfg.compute_dtype)
   cache_bytes = _cache_bytes(cfg, batch, cache_len)
   if draft is not None:
@@ -177,6 +182,7 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
       "dtype": cfg.dtype, "param_dtype": cfg.param_dtype, "backend": jax.default_backend(),
       "bytes_accessed": cost["bytes accessed"], "flops": cost["flops"],
       "transcendentals": cost["transcendentals"],
-      "ops": sum(ops.values()), "ops_by_kind": dict(ops.most_common()),
+      "ops": sum(ops.values()) / unroll,
+      "ops_by_kind": {k: v / unroll for k, v in ops.most_common()}, "steps_per_iter": unroll,
       "weight_bytes": weight_bytes, "cache_bytes": cache_bytes, "floor_bytes": floor,
       "bytes_per_floor": cost["bytes accessed"] / floor, "compile_s": round(compile_s, 2)}

@@ -5,12 +5,14 @@ greedy equals AR, sampling draws the same tokens, one compile per setting, clear
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import paraflax as pf
 from paraflax.decoding import core
+from paraflax.decoding import state as st
 from paraflax.decoding.generate import TRACES
 from conftest import micro_model
 
@@ -106,3 +108,39 @@ def test_generate_fn_takes_the_setting(models):
                     max_prompt_len=4)
   for f in FIELDS:
     np.testing.assert_array_equal(getattr(out, f), getattr(ref, f), err_msg=f)
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs in its equations' parameters."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
+        if hasattr(sub, "eqns"):
+          yield from _equations(sub)
+
+
+@pytest.mark.fast
+def test_float32_weights_of_a_bf16_model_are_cast_once_before_the_loop(model):
+  """A trained workdir's float32 parameters decoded in bf16: no step casts a weight, and the
+  tokens are those of the same weights stored in bf16."""
+  wide = pf.Transformer(dataclasses.replace(model.cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+  nnx.update(wide, nnx.state(model))
+  fwd = st.Forward.of(wide)
+  prompts, lens = jnp.zeros((2, 8), jnp.int32), jnp.full((2,), 3, jnp.int32)
+  jaxpr = jax.make_jaxpr(lambda f, key: core.decode_loop(
+      f, None, pf.decoders.Jacobi(4), prompts, lens, key, np.full((1,), -1, np.int32), 8))(
+          fwd, jax.random.key(0))
+  loop, = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+  weights = {w.shape for w in jax.tree.leaves(fwd.params)}
+  casts = [e for e in _equations(loop.params["body_jaxpr"].jaxpr)
+           if e.primitive.name == "convert_element_type" and e.invars[0].aval.shape in weights
+           and e.invars[0].aval.dtype == np.float32]
+  assert casts == []
+  narrow = nnx.eval_shape(lambda: pf.Transformer(
+      dataclasses.replace(wide.cfg, param_dtype="bfloat16"), rngs=nnx.Rngs(0)))
+  nnx.update(narrow, jax.tree.map(lambda w: w.astype(jnp.bfloat16), nnx.state(model)))
+  kw = dict(decoder=pf.decoders.Jacobi(4), max_new_tokens=N_NEW)
+  np.testing.assert_array_equal(pf.generate(wide, PROMPTS, **kw).tokens,
+                                pf.generate(narrow, PROMPTS, **kw).tokens)

@@ -52,7 +52,10 @@ def decode_loop(fwd: st.Forward, draft: st.Forward | None, decoder: Decoder, pro
   """`decoder.init`, then `decoder.step` in a `lax.while_loop` until every row is done,
   `steps_per_iter` steps per iteration (`run_steps`); traceable (no host work), one
   compilation per decoder, B, P, `max_new_tokens` and `steps_per_iter`. `eos_id`: int32 [E]
-  (or []) EOS ids, -1 for none."""
+  (or []) EOS ids, -1 for none. Weights wider than the compute dtype are cast to it first
+  (`Forward.in_compute_dtype`)."""
+  fwd = fwd.in_compute_dtype()
+  draft = None if draft is None else draft.in_compute_dtype()
   state = decoder.init(fwd, draft, prompts_BxP, prompt_lens_B, max_new_tokens, rng, eos_id)
   state = sharding.constrain(state)  # no-op without a mesh
   state = jax.lax.while_loop(

@@ -87,7 +87,7 @@ def test_twenty_calls_compile_once_per_setting(models):
 
 
 @pytest.mark.fast
-def test_the_setting_per_backend_and_its_bounds(monkeypatch):
+def test_the_setting_per_backend_its_bounds_and_bad_values(monkeypatch):
   ar = pf.decoders.AR()
   assert core.resolve_steps_per_iter(None, ar, 64) == (1 if jax.default_backend() == "cpu" else 4)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -96,6 +96,8 @@ def test_the_setting_per_backend_and_its_bounds(monkeypatch):
   for bad in (0, 2.0, True, "4"):
     with pytest.raises(ValueError, match="steps_per_iter must be an int >= 1 or None"):
       core.resolve_steps_per_iter(bad, ar, 64)
+  with pytest.raises(ValueError, match="steps_per_iter must be an int >= 1 or None"):
+    pf.generate(None, [[1]], steps_per_iter=0)  # before the model is even looked at
 
 
 @pytest.mark.fast

@@ -115,18 +115,22 @@ def _as_entry(hlo: str, name: str) -> str:
 def _cost_of(hlo_text: str) -> dict:
   """XLA's cost analysis of an HLO module's text on the default backend."""
   try:
-    from jaxlib._hlo import hlo_module_from_text  # noqa: PLC0415 (jaxlib >= 0.8)
+    from jaxlib._hlo import hlo_module_from_text  # noqa: PLC0415 (newer jaxlibs)
   except ImportError:
-    hlo_module_from_text = xla_client._xla.hlo_module_from_text
-  client = jax.devices()[0].client
-  return xla_client._xla.hlo_module_cost_analysis(client, hlo_module_from_text(hlo_text))
+    hlo_module_from_text = getattr(xla_client._xla, "hlo_module_from_text", None)
+  analyse = getattr(xla_client._xla, "hlo_module_cost_analysis", None)
+  if hlo_module_from_text is None or analyse is None:
+    raise RuntimeError(f"this jaxlib ({jax.lib.__version__}) exposes no HLO parser or cost "
+                       "analysis for a loop body")
+  return analyse(jax.devices()[0].client, hlo_module_from_text(hlo_text))
 
 
 def _bytes_at(tree, dtype) -> int:
   """Bytes of a pytree's arrays, floating ones counted at `dtype`'s width."""
-  width = jnp.dtype(dtype).itemsize
-  return sum(math.prod(x.shape) * (width if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype.itemsize)
-             for x in jax.tree.leaves(tree))
+  def nbytes(x):
+    return math.prod(x.shape) * jnp.dtype(
+        dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype).itemsize
+  return sum(map(nbytes, jax.tree.leaves(tree)))
 
 
 def _cache_bytes(cfg, batch: int, slots: int) -> int:

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraflax import sharding
-from paraflax.decoding import checks
+from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
 from paraflax.decoding.checks import prepare_prompts  # noqa: F401  (its old home)
-from paraflax.decoding import core
 from paraflax.decoding.core import check_setup, decode_loop
 
 # Trace counts per decoder class: a retrace per call means a shape or static value changes.
@@ -95,6 +94,7 @@ def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
   """
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
+  checks.integer("steps_per_iter", steps_per_iter, 1, none_ok=True)  # before any device work
   args, resolved = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
                           prompt_lengths, max_prompt_len, mesh, axis_rules)
   max_new_tokens = int(max_new_tokens)

@@ -134,15 +134,13 @@ def _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv):
                    preferred_element_type=jnp.float32)
     return jnp.where(see_BxTxS[:, None, None], x * dh ** -0.5, _NEG)
 
-  parts = [scores(k_BxTxKxD, mask_BxTxS[..., s:])]
-  values = [v_BxTxKxD]
+  parts = [(scores(k_BxTxKxD, mask_BxTxS[..., s:]), v_BxTxKxD)]  # (scores, values)
   if cache_kv is not None:
-    parts.insert(0, scores(cache_kv[0], mask_BxTxS[..., :s]))
-    values.insert(0, cache_kv[1])
-  top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, [x.max(-1, keepdims=True)
-                                                              for x in parts]))
-  exps = [jnp.exp(x - top) for x in parts]
+    parts.insert(0, (scores(cache_kv[0], mask_BxTxS[..., :s]), cache_kv[1]))
+  top = jax.lax.stop_gradient(
+      functools.reduce(jnp.maximum, [x.max(-1, keepdims=True) for x, _ in parts]))
+  exps = [jnp.exp(x - top) for x, _ in parts]
   total = sum(e.sum(-1, keepdims=True) for e in exps)
-  out = sum(jnp.einsum("bkgts,bskd->btkgd", (e / total).astype(dt), vals.astype(dt))
-            for e, vals in zip(exps, values))
+  out = sum(jnp.einsum("bkgts,bskd->btkgd", (e / total).astype(dt), values.astype(dt))
+            for e, (_, values) in zip(exps, parts))
   return out.reshape(b, t, h, dh)

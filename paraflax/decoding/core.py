@@ -36,9 +36,9 @@ def resolve_steps_per_iter(value: int | None, decoder: Decoder, max_new_tokens: 
 
 def run_steps(decoder: Decoder, fwd, draft, state, n: int):
   """`n` decoder steps, statically unrolled (one loop iteration). A row that ends inside the
-  iteration is frozen by its done flag (a step never touches a done row's outputs), and every
-  row is once the loop's step budget is spent, so the result equals that of one step per
-  iteration; at most n - 1 forwards at the end of a call serve no row."""
+  iteration is frozen by its done flag (a step never touches a done row's outputs), and once
+  the loop's step budget is spent every row counts as done, so the result equals that of one
+  step per iteration; at most n - 1 forwards at the end of a call serve no row."""
   for i in range(n):
     if i:  # `st.cond` checked the budget of the iteration's first step only
       state = state.replace(done=state.done | (state.step >= state.accepted.shape[0]))

@@ -34,6 +34,7 @@ _FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitca
 _HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_COSTS = ("bytes accessed", "flops", "transcendentals")
 
 _loop = jax.jit(core.decode_loop, static_argnames=("max_new_tokens", "steps_per_iter"))
 
@@ -57,9 +58,6 @@ def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
     else:
       comps[name].append(line)
   return comps, entry
-
-
-_COSTS = ("bytes accessed", "flops", "transcendentals")
 
 
 def _analyse(hlo: str, comps: dict[str, list[str]], name: str):
@@ -164,7 +162,7 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
   draft = None if draft_model is None else _abstract(st.Forward.of(draft_model))
   args = (jax.ShapeDtypeStruct((batch, cache_len), jnp.int32),
           jax.ShapeDtypeStruct((batch,), jnp.int32),
-          jax.eval_shape(functools.partial(jax.random.key, 0)), _abstract(jnp.asarray(eos_E)))
+          jax.eval_shape(functools.partial(jax.random.key, 0)), _abstract(eos_E))
   start = time.perf_counter()
   hlo = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
                     steps_per_iter=unroll).compile().as_text()

@@ -29,6 +29,8 @@ structure skips; an all-False row gives zeros there.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -116,21 +118,28 @@ def _tokamax():
 
 
 def _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv):
-  """The reference: float32 scores over [cache | chunk] without concatenating the cache."""
+  """The reference: float32 scores over [cache | chunk], the cache read in place. The two
+  parts share one softmax (a common max and sum) and are never concatenated: a concatenation
+  per layer would copy the cache-long scores once more every step."""
   b, t, h, dh = q_BxTxHxD.shape
   hkv, dt = k_BxTxKxD.shape[2], q_BxTxHxD.dtype
-  q = q_BxTxHxD.reshape(b, t, hkv, h // hkv, dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k_BxTxKxD, preferred_element_type=jnp.float32)
-  if cache_kv is not None:
-    cached = jnp.einsum("btkgd,bskd->bkgts", q, cache_kv[0].astype(dt),
-                        preferred_element_type=jnp.float32)
-    scores = jnp.concatenate([cached, scores], axis=-1)
-  scores = jnp.where(mask_BxTxS[:, None, None], scores * dh ** -0.5, _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
-  out = jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_BxTxKxD)
+  q = q_BxTxHxD.reshape(b, t, hkv, h // hkv, dh)
+
+  def scores(keys_BxSxKxD, see_BxTxS):
+    x = jnp.einsum("btkgd,bskd->bkgts", q, keys_BxSxKxD.astype(dt),
+                   preferred_element_type=jnp.float32)
+    return jnp.where(see_BxTxS[:, None, None], x * dh ** -0.5, _NEG)
+
+  parts = [(scores(k_BxTxKxD, mask_BxTxS[..., s:]), v_BxTxKxD)]  # (scores, values)
   if cache_kv is not None:
-    out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], cache_kv[1].astype(dt))
+    parts.insert(0, (scores(cache_kv[0], mask_BxTxS[..., :s]), cache_kv[1]))
+  top = jax.lax.stop_gradient(
+      functools.reduce(jnp.maximum, [x.max(-1, keepdims=True) for x, _ in parts]))
+  exps = [jnp.exp(x - top) for x, _ in parts]
+  total = sum(e.sum(-1, keepdims=True) for e in exps)
+  out = sum(jnp.einsum("bkgts,bskd->btkgd", (e / total).astype(dt), values.astype(dt))
+            for e, (_, values) in zip(exps, parts))
   return out.reshape(b, t, h, dh)
 
 

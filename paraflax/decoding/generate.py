@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraflax import sharding
-from paraflax.decoding import checks
+from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
 from paraflax.decoding.checks import prepare_prompts  # noqa: F401  (its old home)
 from paraflax.decoding.core import check_setup, decode_loop
@@ -27,10 +27,12 @@ from paraflax.decoding.core import check_setup, decode_loop
 TRACES: collections.Counter = collections.Counter()
 
 
-@functools.partial(jax.jit, static_argnames=("max_new_tokens",))
-def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens):
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "steps_per_iter"))
+def _generate_while(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens,
+                    steps_per_iter):
   TRACES[type(decoder).__name__] += 1
-  out = decode_loop(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens)
+  out = decode_loop(fwd, draft, decoder, prompts, prompt_lens, rng, eos_id, max_new_tokens,
+                    steps_per_iter)
   return sharding.constrain_replicated(out)
 
 
@@ -74,13 +76,16 @@ def _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model, pr
 def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
              max_new_tokens: int = 128, rng=None, eos_id: int | Sequence[int] | None = None,
              draft_model=None, *, prompt_lengths=None, max_prompt_len: int | None = None,
-             loop: str = "while", mesh=None, axis_rules=None) -> st.GenerateOutput:
+             loop: str = "while", steps_per_iter: int | None = None, mesh=None,
+             axis_rules=None) -> st.GenerateOutput:
   """Generate up to `max_new_tokens` per prompt with `decoder` (default: greedy AR).
 
   prompts: list of token-id lists, or an int array [B, P] (with `prompt_lengths` [B] when
   right-padded). `eos_id`: an EOS id or several (`tok.eos_ids`): a row ends at the first
   token of the set it emits (kept), or None. `loop="python"` runs the Python-loop twin (same
-  result, one jitted step per iteration). `mesh`: a `jax.sharding.Mesh` with Explicit or Auto
+  result, one jitted step per iteration). `steps_per_iter`: decode steps per iteration of the
+  compiled loop (None: `core.STEPS_PER_ITER` of the backend, 1 on CPU, 4 on GPU / TPU); the
+  result does not depend on it. `mesh`: a `jax.sharding.Mesh` with Explicit or Auto
   axes (default: the mesh of an enclosing `jax.set_mesh`, if any): run sharded over its
   devices, outputs replicated.
   `axis_rules` maps the library's mesh axes onto the mesh's own names, e.g.
@@ -90,12 +95,14 @@ def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
   """
   if loop not in ("while", "python"):
     raise ValueError(f"loop must be 'while' or 'python', got {loop!r}")
+  checks.integer("steps_per_iter", steps_per_iter, 1, none_ok=True)  # before any device work
   args, resolved = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
                           prompt_lengths, max_prompt_len, mesh, axis_rules)
   max_new_tokens = int(max_new_tokens)
+  unroll = core.resolve_steps_per_iter(steps_per_iter, args[2], max_new_tokens)
   with sharding.use_mesh(resolved):
     if loop == "while":
-      out = _generate_while(*args, max_new_tokens=max_new_tokens)
+      out = _generate_while(*args, max_new_tokens=max_new_tokens, steps_per_iter=unroll)
     else:
       final = None
       for final in _steps(*args, max_new_tokens, resolved):

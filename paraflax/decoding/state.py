@@ -34,6 +34,15 @@ class Forward:
   def __call__(self, tokens, positions, mask, cache=None, queries=None):
     return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache, queries)
 
+  def in_compute_dtype(self) -> "Forward":
+    """The weights wider than the compute dtype cast to it (float32 parameters of a bf16
+    model), once before a loop: every layer casts its weights to the compute dtype before
+    using them, so the result is the same and a step reads each weight in that dtype."""
+    dt = self.cfg.compute_dtype
+    narrow = lambda w: (w.astype(dt) if jnp.issubdtype(w.dtype, jnp.floating)
+                        and w.dtype.itemsize > jnp.dtype(dt).itemsize else w)
+    return self.replace(params=jax.tree.map(narrow, self.params))
+
 
 @struct.dataclass
 class PendingCommit:

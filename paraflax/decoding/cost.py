@@ -1,0 +1,190 @@
+"""XLA's cost analysis of one decode step, as the compiled `pf.generate` loop runs it.
+
+`step_cost(model, decoder, batch=1, cache_len=256)` compiles the loop for abstract inputs (no
+weights are needed: an `nnx.eval_shape` model will do), takes the `while_loop`'s body out of
+the optimised program and asks XLA's cost analysis for its bytes accessed and flops, per
+decode step. Work XLA hoisted out of the loop (loop-invariant weight casts) and the prefill
+are not counted: they run once per call. Against the bytes stands the floor, what any step
+must read: every weight once in the compute dtype and the filled cache (the drafter's too).
+
+The figures are those of the backend this runs on. On CPU, XLA computes 16-bit matmuls in
+float32 and keeps float32 copies of 16-bit weights (hoisted out of the loop), so a bf16 step
+reads float32 weights there: compare CPU figures with CPU figures.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+from jax._src.lib import xla_client
+
+from paraflax.decoding import checks, core
+from paraflax.decoding import state as st
+
+# instructions that launch no work: the rest of a loop body are its "ops" (a kernel each,
+# roughly, on a GPU)
+_FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+                   "after-all", "opt-barrier", "partition-id", "replica-id"})
+_HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_COSTS = ("bytes accessed", "flops", "transcendentals")
+
+_loop = jax.jit(core.decode_loop, static_argnames=("max_new_tokens", "steps_per_iter"))
+
+
+def _abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
+  """The computations of an HLO module's text: (name -> instruction lines, entry name)."""
+  comps, entry, name = {}, None, None
+  for line in hlo.splitlines():
+    if name is None:
+      m = re.match(r"(ENTRY )?(%?[\w.\-]+) .*\{$", line)
+      if m:
+        name = m.group(2)
+        comps[name] = []
+        entry = name if m.group(1) else entry
+    elif line == "}":
+      name = None
+    else:
+      comps[name].append(line)
+  return comps, entry
+
+
+def _analyse(hlo: str, comps: dict[str, list[str]], name: str):
+  """(XLA's cost analysis, the work-launching instructions by opcode) of computation `name`.
+  XLA's cost analysis counts one trip of a nested `while`: one with a known trip count n
+  (a `fori_loop`) is counted n times here, in both; one without, once."""
+  full = _cost_of(_as_entry(hlo, name))
+  cost = collections.Counter({k: full.get(k, 0.0) for k in _COSTS})
+  ops = collections.Counter()
+  for line in comps[name]:
+    m = _INSTRUCTION.match(line)
+    if m is None or m.group(1) in _FREE:
+      continue
+    if m.group(1) != "while":
+      ops[m.group(1)] += 1
+      continue
+    trips = _TRIP_COUNT.search(line)
+    trips = int(trips.group(1)) if trips else 1
+    inner_cost, inner_ops = _analyse(hlo, comps, re.search(r"body=(%?[\w.\-]+)", line).group(1))
+    for k, v in inner_cost.items():
+      cost[k] += (trips - 1) * v
+    for k, v in inner_ops.items():
+      ops[k] += trips * v
+  return cost, ops
+
+
+def _loop_body(hlo: str, cache_shape: str) -> tuple[str, dict[str, list[str]]]:
+  """The body of the entry's `while` whose state holds the cache (`cache_shape`, e.g.
+  "bf16[24,1,273,2,64]"): the decode loop, not a prefill's RNG loop."""
+  comps, entry = _computations(hlo)
+  bodies = [re.search(r"body=(%?[\w.\-]+)", line).group(1) for line in comps[entry]
+            if " while(" in line and cache_shape in line.split(" while(")[0]]
+  if len(bodies) != 1:
+    raise RuntimeError(f"expected one decode loop carrying a {cache_shape} cache in the "
+                       f"compiled program, found {len(bodies)}")
+  return bodies[0], comps
+
+
+def _as_entry(hlo: str, name: str) -> str:
+  """The module's text with computation `name` as its entry (for XLA's cost analysis)."""
+  out = []
+  for line in hlo.splitlines():
+    if line.startswith("HloModule"):
+      line = line.split(",")[0]  # the entry's layout no longer applies
+    elif line.startswith("ENTRY "):
+      line = line[len("ENTRY "):]
+    if line.startswith(name + " "):
+      line = "ENTRY " + line
+    out.append(line)
+  return "\n".join(out)
+
+
+def _cost_of(hlo_text: str) -> dict:
+  """XLA's cost analysis of an HLO module's text on the default backend."""
+  try:
+    from jaxlib._hlo import hlo_module_from_text  # noqa: PLC0415 (newer jaxlibs)
+  except ImportError:
+    hlo_module_from_text = getattr(xla_client._xla, "hlo_module_from_text", None)
+  analyse = getattr(xla_client._xla, "hlo_module_cost_analysis", None)
+  if hlo_module_from_text is None or analyse is None:
+    raise RuntimeError(f"this jaxlib ({jax.lib.__version__}) exposes no HLO parser or cost "
+                       "analysis for a loop body")
+  return analyse(jax.devices()[0].client, hlo_module_from_text(hlo_text))
+
+
+def _bytes_at(tree, dtype) -> int:
+  """Bytes of a pytree's arrays, floating ones counted at `dtype`'s width."""
+  def nbytes(x):
+    return math.prod(x.shape) * jnp.dtype(
+        dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype).itemsize
+  return sum(map(nbytes, jax.tree.leaves(tree)))
+
+
+def _cache_bytes(cfg, batch: int, slots: int) -> int:
+  return (2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * cfg.dim_per_head
+          * jnp.dtype(cfg.compute_dtype).itemsize)
+
+
+def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
+              max_new_tokens: int = 16, draft_model=None,
+              steps_per_iter: int | None = None) -> dict:
+  """XLA's cost analysis of one decode step of `decoder` (default AR) over a cache holding
+  `cache_len` tokens per row (the prompt buffer's width; the loop's cache has room for
+  `max_new_tokens` and the decoder's lookahead past it), `batch` rows, the loop running
+  `steps_per_iter` steps per iteration (None: as `pf.generate` runs it on this backend; the
+  figures are its body's divided by them).
+
+  Returns a JSON-able dict: `bytes_accessed`, `flops`, `transcendentals` and `ops` (the work
+  instructions, a kernel each on a GPU, `ops_by_kind` by opcode) per step; `weight_bytes` (the
+  target's and drafter's floating weights in their compute dtypes), `cache_bytes` (their
+  filled caches), `floor_bytes` (the two) and `bytes_per_floor`; `backend`, `compile_s`.
+  """
+  cfg = model.cfg
+  draft_cfg = None if draft_model is None else draft_model.cfg
+  decoder, max_new_tokens, eos_E = core.check_setup(cfg, decoder, max_new_tokens, None, draft_cfg)
+  batch, cache_len = checks.integer("batch", batch, 1), checks.integer("cache_len", cache_len, 1)
+  unroll = core.resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens)
+  if cache_len + max_new_tokens > cfg.max_seq_len:
+    raise ValueError(f"cache_len ({cache_len}) + max_new_tokens ({max_new_tokens}) exceeds the "
+                     f"model's max_seq_len {cfg.max_seq_len}")
+  fwd = _abstract(st.Forward.of(model))
+  draft = None if draft_model is None else _abstract(st.Forward.of(draft_model))
+  args = (jax.ShapeDtypeStruct((batch, cache_len), jnp.int32),
+          jax.ShapeDtypeStruct((batch,), jnp.int32),
+          jax.eval_shape(functools.partial(jax.random.key, 0)), _abstract(eos_E))
+  start = time.perf_counter()
+  hlo = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
+                    steps_per_iter=unroll).compile().as_text()
+  compile_s = time.perf_counter() - start
+  slots = decoder.cache_capacity(cache_len, max_new_tokens) + 1  # + the spare slot
+  cache_shape = (f"{_HLO_DTYPES[cfg.dtype]}[{cfg.n_layers},{batch},{slots},{cfg.n_kv_heads},"
+                 f"{cfg.dim_per_head}]")
+  body, comps = _loop_body(hlo, cache_shape)
+  cost, ops = _analyse(hlo, comps, body)
+  cost = {k: v / unroll for k, v in cost.items()}
+  weight_bytes = _bytes_at(fwd.params, cfg.compute_dtype)
+  cache_bytes = _cache_bytes(cfg, batch, cache_len)
+  if draft is not None:
+    weight_bytes += _bytes_at(draft.params, draft_cfg.compute_dtype)
+    cache_bytes += _cache_bytes(draft_cfg, batch, cache_len)
+  floor = weight_bytes + cache_bytes
+  return {
+      "decoder": type(decoder).__name__, "batch": batch, "cache_len": cache_len,
+      "dtype": cfg.dtype, "param_dtype": cfg.param_dtype, "backend": jax.default_backend(),
+      "bytes_accessed": cost["bytes accessed"], "flops": cost["flops"],
+      "transcendentals": cost["transcendentals"],
+      "ops": sum(ops.values()) / unroll,
+      "ops_by_kind": {k: v / unroll for k, v in ops.most_common()}, "steps_per_iter": unroll,
+      "weight_bytes": weight_bytes, "cache_bytes": cache_bytes, "floor_bytes": floor,
+      "bytes_per_floor": cost["bytes accessed"] / floor, "compile_s": round(compile_s, 2)}

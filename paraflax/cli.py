@@ -276,7 +276,7 @@ def main(argv=None) -> int:
 def _run(args) -> int:
   try:
     return args.fn(args) or 0
-  except (ValueError, FileNotFoundError) as e:  # user errors: one line, no traceback
+  except (ValueError, OSError) as e:  # user errors, missing files, full disks: one line
     print(f"paraflax {args.command}: error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C: one line saying what was kept; 128 + SIGINT

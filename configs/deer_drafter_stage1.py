@@ -14,8 +14,8 @@ tokens, 128-token answers) takes ~4 min; 2000 steps of 16 rows take 12 min (~3.8
 the cores are free); validation loss 7.99 -> 2.48.
 """
 
-from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
+from paraflax.model.config import ModelConfig
 from paraflax.training.config import OptimConfig, TrainConfig
 
 

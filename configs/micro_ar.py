@@ -1,7 +1,7 @@
 """Seconds-scale AR run for tests: a micro model on a dozen stdlib files."""
 
-from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
+from paraflax.model.config import ModelConfig
 from paraflax.training.config import OptimConfig, TrainConfig
 
 

@@ -5,8 +5,8 @@ The demo ships the checkpoint this config makes (`checkpoints/tiny_ar/`); reprod
 Measured on 2 CPU cores: ~7k tokens/s, so 2000 steps of 16 x 256 tokens take ~20 minutes.
 """
 
-from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
+from paraflax.model.config import ModelConfig
 from paraflax.training.config import OptimConfig, TrainConfig
 
 

@@ -1,17 +1,19 @@
 """paraflax: exact, batched, compile-once parallel decoding for language models."""
 
-from paraflax import decoders, distributed, masks, methods, sampling, sharding, verify
-from paraflax.cache import ChunkKV, KVCache, commit, init_cache
-from paraflax.config import ModelConfig, RopeScaling
+from paraflax import decoders, methods, sampling, verify
 from paraflax.decoding.core import generate_fn
 from paraflax.decoding.generate import generate, generate_steps
 from paraflax.decoding.infill import infill
 from paraflax.decoding.lattice import HOLE, InfillOutput
 from paraflax.decoding.state import GenerateOutput
 from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
-from paraflax.model import Queries, Transformer
+from paraflax.model import masks
+from paraflax.model.cache import ChunkKV, KVCache, commit, init_cache
+from paraflax.model.config import ModelConfig, RopeScaling
+from paraflax.model.transformer import Queries, Transformer
+from paraflax.parallel import distributed, sharding
+from paraflax.parallel.sharding import MeshConfig, make_mesh
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
-from paraflax.sharding import MeshConfig, make_mesh
 
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",

@@ -24,7 +24,7 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-  from paraflax.evaluation.complete import complete, read_prompts, show
+  from paraflax.apps.generate import complete, read_prompts, show
   prompts = read_prompts(args.prompt, args.prompts_file)
   show(*_call(functools.partial(complete, prompts), args), args.decoder, args.json)
 
@@ -35,7 +35,8 @@ def cmd_bench(args):
 
 
 def cmd_demo(args):
-  from paraflax.evaluation import demo, suite
+  from paraflax.apps import demo
+  from paraflax.evaluation import suite
   if not args.hf and not (CONFIGS / "tiny_ar.py").is_file():
     raise SystemExit(f"{CONFIGS} not found: run the demo from a clone of the repository")
   demo.run(_call(suite.Models, args), _call(suite.Settings, args), cache=CACHE, quick=args.quick,
@@ -54,7 +55,7 @@ def _report(summary: dict) -> None:
 
 
 def cmd_collect(args):
-  from paraflax import distributed
+  from paraflax.parallel import distributed
   distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, trajectories
   cfg = _call(trajectories.CollectConfig, args)
@@ -63,7 +64,7 @@ def cmd_collect(args):
 
 
 def cmd_teacher_data(args):
-  from paraflax import distributed
+  from paraflax.parallel import distributed
   distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training import collect, teacher
   cfg = _call(teacher.TeacherConfig, args)
@@ -73,7 +74,7 @@ def cmd_teacher_data(args):
 
 def _mesh(value: str):
   """`--mesh 1,8,1`: a mesh spec as `train --set mesh=...` takes it (sizes, -1 = the rest)."""
-  from paraflax.meshes import MeshConfig
+  from paraflax.parallel.meshes import MeshConfig
   from paraflax.training.overrides import parse
   try:
     return MeshConfig.of(parse(value, object))
@@ -96,7 +97,7 @@ def _collect_source(q, what: str) -> None:
 
 def _collect_flags(q) -> None:
   """The mesh and multi-host flags of the commands that fill a store."""
-  from paraflax import distributed
+  from paraflax.parallel import distributed
   q.add_argument("--mesh", type=_mesh, default=None, metavar="DATA,FSDP,TENSOR",
                  help="run on a device mesh as `train --set mesh=...`, e.g. 1,8,1 (-1: the "
                  "rest): the model sharded, prompts split over data x fsdp (default: one device)")

@@ -3,8 +3,8 @@
   python scripts/ar_overhead.py
 """
 
-from paraflax.config import ModelConfig
 from paraflax.evaluation.overhead import measure
+from paraflax.model.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=2048, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=768,
                   max_seq_len=1024)

@@ -13,7 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from paraflax import attention, masks
+from paraflax.model import attention, masks
 
 H, HKV, D = 14, 2, 64
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import paraflax as pf
-from paraflax.config import REMAT
+from paraflax.model.config import REMAT
 from paraflax.training.ar import ar
 
 

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
   import jax
   import numpy as np
 
-  from paraflax import sharding
+  from paraflax.parallel import sharding
   from paraflax.training import load_config, optim
   from paraflax.training.objectives import get_objective
   from paraflax.training.trainer import init_opt_state, init_params, jit_train_step

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax import masks
 from paraflax.decoding.generate import generate
 from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.evaluation.quality import heldout_batches, heldout_metrics
+from paraflax.model import masks
 from paraflax.training import load_trained
 from paraflax.training.tidar import doubled
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import StubTokenizer, compiled_micro_model
 from jax.sharding import PartitionSpec as P
 
-from paraflax import sharding
 from paraflax.decoding.generate import TRACES
+from paraflax.parallel import sharding
 from paraflax.training import store, teacher, trajectories
 from paraflax.training.shares import Share
 

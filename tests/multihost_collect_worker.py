@@ -1,6 +1,6 @@
 """One process of the two-process collection test (`test_collect_mesh.py` starts two).
 
-Joins the run through `paraflax.distributed`, then both processes fill one trajectory store
+Joins the run through `paraflax.parallel.distributed`, then both processes fill one trajectory store
 and one teacher store in `PARAFLAX_TEST_OUT` on a (data=2, fsdp=1, tensor=2) mesh: batch rows
 0-3 are computed on process 0's devices, 4-7 on process 1's, and each process writes its own.
 Process 0 then collects both stores again alone on one device and compares. Prints one line
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from paraflax import distributed
+from paraflax.parallel import distributed
 
 distributed.initialize(timeout_s=60)  # before any other JAX work
 
@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from paraflax import sharding
+from paraflax.parallel import sharding
 from paraflax.training import teacher, trajectories
 from paraflax.training.shares import Share
 

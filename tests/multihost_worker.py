@@ -1,6 +1,6 @@
 """One process of the two-process test (`test_multihost.py` starts two of these).
 
-Joins the run through `paraflax.distributed` (PARAFLAX_* environment), then on meshes that
+Joins the run through `paraflax.parallel.distributed` (PARAFLAX_* environment), then on meshes that
 span both processes runs a sharded training step and a sharded greedy `generate`. Process 0
 then checks both against the same computations on its first device alone (process 1 skips
 them: two cores are shared). Prints one line `RESULT {json}`.
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from paraflax import distributed
+from paraflax.parallel import distributed
 
 distributed.initialize(timeout_s=60)  # before any other JAX work
 
@@ -24,7 +24,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 import paraflax as pf
-from paraflax import sharding
+from paraflax.parallel import sharding
 from paraflax.training.objectives import get_objective
 from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
 

@@ -20,8 +20,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
-from paraflax import sharding
 from paraflax.decoding.generate import TRACES
+from paraflax.parallel import sharding
 from paraflax.training import load_config, load_trained, read_metrics, train
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.dry_run import dry_run_from_config_path

@@ -12,10 +12,10 @@ from conftest import micro_model
 from test_verify import assert_samples_the_joint, chi_square_pvalue
 
 import paraflax as pf
-from paraflax import masks
 from paraflax.decoders import ASSD, AnyOrder
-from paraflax.decoding.lattice import HOLE
 from paraflax.decoding.generate import TRACES
+from paraflax.decoding.lattice import HOLE
+from paraflax.model import masks
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 from conftest import compiled_forward
 from flax import nnx
 
-from paraflax import attention, masks
-from paraflax import mask_structure as ms
-from paraflax.model import Queries
+from paraflax.model import attention, masks
+from paraflax.model import mask_structure as ms
+from paraflax.model.transformer import Queries
 from paraflax.training import jacobi_forcing as jf
 from paraflax.training.step import init_params
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits, reference_libs
 import tokenizers
+from conftest import full_logits, reference_libs
 from flax import nnx
 
 import paraflax as pf
 from paraflax import cli
+from paraflax.data.chat import chat_template
 from paraflax.hf import auto_tokenizer, export_hf, load_hf_tokenizer
-from paraflax.hf.chat import chat_template
 from paraflax.training import load_trained
 
 torch, transformers = reference_libs()

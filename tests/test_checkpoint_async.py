@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-from paraflax.checksums import ChecksumWarning
 from paraflax.training.checkpoint import MANIFEST, Checkpoints, verify_step
+from paraflax.training.checksums import ChecksumWarning
 
 
 def _state(value: float):

@@ -196,7 +196,7 @@ def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir
 
   import numpy as np
 
-  from paraflax.evaluation import demo
+  from paraflax.apps import demo
   out = collections.namedtuple("Out", "tokens lengths")
   tok = types.SimpleNamespace(encode=lambda text: [1], decode=lambda ids: "", eos_id=0)
   runs = []

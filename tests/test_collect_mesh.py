@@ -11,7 +11,7 @@ from conftest import background_job, background_result, run_cases_on_devices
 from test_multihost import run_two
 
 from paraflax import cli
-from paraflax.meshes import MeshConfig
+from paraflax.parallel.meshes import MeshConfig
 from paraflax.training.shares import owned_rows
 
 HERE = Path(__file__).resolve().parent

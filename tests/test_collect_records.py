@@ -13,11 +13,11 @@ import pytest
 from test_cli_generate import hf_dir  # noqa: F401 (a tiny random Qwen2 dir, a chat template)
 
 from paraflax import cli
+from paraflax.data.chat import ChatTemplate
 from paraflax.data.jsonl import read_records
 from paraflax.data.records import RecordEncoder
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.hf import load_hf_tokenizer
-from paraflax.hf.chat import ChatTemplate
 from paraflax.training import teacher, trajectories
 from paraflax.training.store import TOKENIZER, FewerExamples, record_prompts
 

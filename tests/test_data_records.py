@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tokenizers
 
+from paraflax.data.chat import ChatTemplate
 from paraflax.data.corpus import split_of
 from paraflax.data.jsonl import ChatRecord, PairRecord, TextRecord, parse_record, read_records
 from paraflax.data.pipeline import DataConfig
 from paraflax.data.records import RecordEncoder, encode_records, split_key
 from paraflax.data.source import batch_shapes, get_source
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.hf.chat import ChatTemplate
 
 QWENISH = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -16,8 +16,9 @@ from flax import nnx
 from test_generate import reference_greedy
 
 import paraflax as pf
-from paraflax import deer_layout, masks
+from paraflax.decoding import deer_layout
 from paraflax.decoding.state import Forward, prefill
+from paraflax.model import masks
 from paraflax.training import deer, get_objective, load_config
 from paraflax.training import teacher as tch
 from paraflax.training.means import finalize
@@ -365,7 +366,7 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
   """ensure("deer_drafter") generates tiny_ar's teacher store once, trains Stage I then Stage II
   from it; ensure("ar_drafter") reuses the store."""
   from paraflax import training
-  from paraflax.evaluation import demo
+  from paraflax.apps import demo
   from paraflax.training import collect
   calls = []
 
@@ -393,7 +394,7 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
 def test_demo_recopies_a_shipped_model_only_when_it_was_reshipped(tmp_path):
   """A copy of a shipped model (params only) is replaced once checkpoints/ holds a newer save
   (a git pull); an unchanged one, and a model trained in the cache (with opt_state), are kept."""
-  from paraflax.evaluation import demo
+  from paraflax.apps import demo
   shipped, cache = tmp_path / "shipped", tmp_path / "cache"
   save = lambda name, meta: (shipped / name / "checkpoints" / "7").mkdir(parents=True) or (
       shipped / name / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text(meta)

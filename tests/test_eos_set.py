@@ -8,15 +8,15 @@ import jax
 import numpy as np
 import pytest
 import tokenizers
+from conftest import micro_model
 from flax import nnx
 
 import paraflax as pf
-from conftest import micro_model
+from paraflax.data.chat import chat_template
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.decoding import checks
 from paraflax.decoding.generate import TRACES
 from paraflax.hf import convert_hf, export_hf, load_hf_tokenizer
-from paraflax.hf.chat import chat_template
 
 PROMPTS = [[3, 6, 9], [40, 41, 42, 43, 44, 45, 0, 1, 2], [11], [5, 9, 30, 7, 5, 22]]
 N = 16

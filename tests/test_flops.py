@@ -11,12 +11,21 @@ import pytest
 from flax import nnx
 
 import paraflax as pf
-from paraflax import deer_layout, masks
+from paraflax.decoding import deer_layout
+from paraflax.model import masks
 from paraflax.training import asarm, deer, objective
 from paraflax.training import jacobi_forcing as jf
-from paraflax.training.flops import (comparison_flops_per_token, forward_flops, mfu,
-                                     objective_work, param_count, peak_flops, speed,
-                                     tflops_per_device, train_flops)
+from paraflax.training.flops import (
+  comparison_flops_per_token,
+  forward_flops,
+  mfu,
+  objective_work,
+  param_count,
+  peak_flops,
+  speed,
+  tflops_per_device,
+  train_flops,
+)
 
 CFG = pf.ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256,
                      max_seq_len=128, attention="xla", mask_token_id=2, sep_token_id=3)

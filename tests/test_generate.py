@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import micro_model
 from flax import nnx
+from test_verify import chi_square_pvalue, enumerated_ar_joint
 
 import paraflax as pf
-from paraflax import masks
 from paraflax.decoding.generate import TRACES
-from conftest import micro_model
-from test_verify import chi_square_pvalue, enumerated_ar_joint
+from paraflax.model import masks
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11]]
 
@@ -218,6 +218,7 @@ def test_a_step_larger_than_the_context_is_refused_on_the_host(model, decoder, d
   model cannot hold. A block larger than max_new_tokens stays valid (decoded exactly by
   test_byo_recipes' jacobi runs)."""
   import dataclasses
+
   from paraflax.decoding.core import check_setup
   check_setup(model.cfg, pf.decoders.Jacobi(block_size=128), 2, None, None)
   drafter = None

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import StubTokenizer
 
-from paraflax import masks
+from paraflax.model import masks
 from paraflax.training import jacobi_forcing as jf
 
 
@@ -80,6 +80,7 @@ def _ragged(rng, b, p, vocab):
 @pytest.mark.parametrize("n", [1, 4])
 def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
   import jax
+
   import paraflax as pf
   from paraflax.decoding.state import Forward
   from paraflax.training.trajectories import jacobi_trajectories

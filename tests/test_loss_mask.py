@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import micro_model
-from paraflax import masks
-from paraflax.model import Queries
+
+from paraflax.model import masks
+from paraflax.model.transformer import Queries
 from paraflax.training import asarm
 from paraflax.training.ar import ar
 from paraflax.training.tidar import block_sizes_for, doubled, tidar_loss

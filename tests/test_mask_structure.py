@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paraflax import deer_layout, masks
-from paraflax import mask_structure as ms
+from paraflax.decoding import deer_layout
+from paraflax.model import mask_structure as ms
+from paraflax.model import masks
 
 pytestmark = pytest.mark.fast
 

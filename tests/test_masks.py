@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import micro_model
 from flax import nnx
 
-from paraflax import masks
-from conftest import micro_model
+from paraflax.model import masks
 
 
 def _a(rows):

@@ -4,11 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import MICRO, micro_model
 from flax import nnx
 
 import paraflax as pf
-from paraflax import masks
-from conftest import MICRO, micro_model
+from paraflax.model import masks
 
 VARIANTS = [
     dict(),

@@ -1,5 +1,5 @@
 """Multi-host: two processes on localhost (2 CPU devices each) form one 4-device run through
-`paraflax.distributed`; a sharded training step and a sharded greedy `generate` across both
+`paraflax.parallel.distributed`; a sharded training step and a sharded greedy `generate` across both
 equal the same computations on one device."""
 
 import contextlib

@@ -11,10 +11,10 @@ import pytest
 from conftest import StubTokenizer
 from etils import epath
 
-from paraflax.checksums import ChecksumWarning
 from paraflax.paths import as_path, is_remote, kvstore, resolve_path
 from paraflax.training import store
 from paraflax.training.checkpoint import Checkpoints, checkpoint_dir
+from paraflax.training.checksums import ChecksumWarning
 from paraflax.training.lock import DirLock, RemoteLockWarning
 
 

@@ -14,11 +14,11 @@ from conftest import MICRO, compiled_micro_model
 from flax import nnx
 
 import paraflax as pf
-from paraflax import masks
+from paraflax.model import masks
+from paraflax.model.transformer import remat_policy, scans
 from paraflax.training import load_config
 from paraflax.training.ar import ar
 from paraflax.training.asarm import asarm_loss
-from paraflax.model import remat_policy, scans
 from paraflax.training.config import config_differences
 
 # each policy, each layout, scan with and without remat (one compilation each); the plain

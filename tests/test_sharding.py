@@ -15,9 +15,9 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
-from paraflax import distributed, sharding
 from paraflax.decoding.state import Forward
-from paraflax.sharding import MeshConfig
+from paraflax.parallel import distributed, sharding
+from paraflax.parallel.sharding import MeshConfig
 from paraflax.training import TrainConfig, apply_overrides, load_config
 from paraflax.training.config import config_differences
 

@@ -12,8 +12,8 @@ from test_generate import reference_greedy
 from test_verify import assert_samples_the_joint, enumerated_ar_joint
 
 import paraflax as pf
-from paraflax import masks
 from paraflax.decoding.generate import TRACES
+from paraflax.model import masks
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 4, 3, 4, 3, 4, 3]]
 N_NEW = 20

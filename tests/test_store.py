@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 import pytest
-
-from paraflax.checksums import ChecksumError, ChecksumWarning
 from conftest import StubTokenizer
+
 from paraflax.training import store
+from paraflax.training.checksums import ChecksumError, ChecksumWarning
 
 META = {"examples": 10, "batch_size": 4}
 SHAPES = {"rows": ((10, 3), (4, 3)), "lens": ((10,), (4,))}

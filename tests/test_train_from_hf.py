@@ -10,21 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits, reference_libs
 import tokenizers
+from conftest import full_logits, reference_libs
 from flax import nnx
 
 import paraflax as pf
 from paraflax import cli
 from paraflax.data import source as data_source
-from paraflax.data.tokenizer import load_tokenizer
 from paraflax.data.text import JsonlData
+from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
 from paraflax.training.__main__ import add_arguments, config_from_args
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
-from paraflax.from_hf import from_hf
+from paraflax.training.from_hf import from_hf
 from paraflax.training.trainer import open_data, train
 from paraflax.training.workdir import initial_params
 

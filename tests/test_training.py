@@ -12,23 +12,23 @@ import pytest
 from flax import nnx
 
 import paraflax as pf
-from paraflax import masks
 from paraflax.data import corpus
 from paraflax.data.pipeline import prepare_stdlib, validation_batches
 from paraflax.data.tokenizer import train_tokenizer
+from paraflax.model import masks
 from paraflax.training import (
-    OBJECTIVES,
-    TrainConfig,
-    apply_overrides,
-    evaluate,
-    get_objective,
-    load_config,
-    load_trained,
-    read_metrics,
-    register_objective,
-    train,
+  OBJECTIVES,
+  TrainConfig,
+  apply_overrides,
+  evaluate,
+  get_objective,
+  load_config,
+  load_trained,
+  optim,
+  read_metrics,
+  register_objective,
+  train,
 )
-from paraflax.training import optim
 from paraflax.training.config import OptimConfig, config_differences
 from paraflax.training.flops import peak_flops, train_flops
 from paraflax.training.trainer import init_params

@@ -8,8 +8,8 @@ import pytest
 from conftest import micro_model
 
 import paraflax as pf
-from paraflax import masks
-from paraflax.cache import commit, init_cache
+from paraflax.model import masks
+from paraflax.model.cache import commit, init_cache
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from conftest import compiled_forward
 from scipy import stats
 
 import paraflax as pf
-from paraflax import masks, verify
+from paraflax import verify
+from paraflax.model import masks
 
 
 @pytest.mark.fast

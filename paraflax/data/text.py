@@ -18,8 +18,14 @@ import numpy as np
 
 from paraflax.data import corpus
 from paraflax.data.jsonl import ChatRecord, read_records
-from paraflax.data.pipeline import (Data, DataConfig, documents_tokenizer, prepare_stdlib,
-                                    train_iterator, validation_batches)
+from paraflax.data.pipeline import (
+  Data,
+  DataConfig,
+  documents_tokenizer,
+  prepare_stdlib,
+  train_iterator,
+  validation_batches,
+)
 from paraflax.data.records import LOSS_ON, RecordEncoder, chat_mode, record_streams, split_key
 from paraflax.data.source import TrainData, register_source
 from paraflax.data.tokenizer import load_tokenizer
@@ -119,7 +125,7 @@ class JsonlData:
     if tok is None:
       tok = documents_tokenizer([r.text for r in train], data, name="jsonl")
     else:
-      from paraflax.hf.chat import ChatTemplate
+      from paraflax.data.chat import ChatTemplate
       template = ChatTemplate.of(os.path.expanduser(data.tokenizer))
     encoder = RecordEncoder(tok, template, loss_on=self.loss_on, chat=self.chat)
     streams = [record_streams(rs, encoder, data.cache_dir, progress=data.progress,

@@ -4,7 +4,7 @@ files beside its `tokenizer.json`, read and written the way Hugging Face checkpo
     generation_config.json  eos_token_id (an int or a list), bos_token_id, pad_token_id
     config.json             the same keys (read only: a checkpoint's model config)
     tokenizer_config.json   eos/pad/bos/mask/sep_token, chat_template, split_special_tokens
-    chat_template.jinja     the chat template (read by `paraflax.hf.chat.chat_template`)
+    chat_template.jinja     the chat template (read by `paraflax.data.chat.chat_template`)
 
 Each role comes from the first file that names a token of the vocabulary, in that order.
 """
@@ -79,7 +79,7 @@ def read_roles(root: str | epath.PathLike, backend: tokenizers.Tokenizer) -> Rol
 
 
 def _chat_template(root: epath.Path) -> str | None:
-  from paraflax.hf.chat import chat_template  # lazily: paraflax.hf imports this package
+  from paraflax.data.chat import chat_template  # lazily: paraflax.hf imports this package
   return chat_template(root)
 
 

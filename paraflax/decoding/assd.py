@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks, verify
-from paraflax.cache import commit
+from paraflax import verify
 from paraflax.decoding import lattice
 from paraflax.decoding.lattice import HOLE, InfillState, take, write
 from paraflax.decoding.protocol import InfillDecoder
-from paraflax.model import Queries
+from paraflax.model import masks
+from paraflax.model.cache import commit
+from paraflax.model.transformer import Queries
 from paraflax.sampling import Greedy
 
 DRAFTS = ("self", "ngram")

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks
 from paraflax.decoding import state as st
 from paraflax.decoding.protocol import Decoder
+from paraflax.model import masks
 from paraflax.sampling import Greedy
 
 

@@ -10,12 +10,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from paraflax import sharding
 from paraflax.decoding import checks
 from paraflax.decoding import state as st
 from paraflax.decoding.autoregressive import AR
 from paraflax.decoding.protocol import Decoder, check_kind
-
+from paraflax.parallel import sharding
 
 # `steps_per_iter=None`: decode steps per `while_loop` iteration on each backend. XLA:GPU copies
 # the loop condition to the host every iteration (a round trip of the order of a small model's

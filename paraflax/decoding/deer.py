@@ -21,14 +21,20 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import deer_layout
-from paraflax.cache import ChunkKV, KVCache, commit
+from paraflax.decoding import deer_layout
 from paraflax.decoding import state as st
-from paraflax.decoding.draft_verify import (check_drafter, drafter_ids, proposal_logits,
-                                            shared_vocab, start_with_drafter, verify_drafts)
+from paraflax.decoding.draft_verify import (
+  check_drafter,
+  drafter_ids,
+  proposal_logits,
+  shared_vocab,
+  start_with_drafter,
+  verify_drafts,
+)
 from paraflax.decoding.protocol import Decoder
+from paraflax.model.cache import ChunkKV, KVCache, commit
+from paraflax.parallel.sharding import axes, subtree
 from paraflax.sampling import Greedy
-from paraflax.sharding import axes, subtree
 
 
 @struct.dataclass

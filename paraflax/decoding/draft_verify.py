@@ -11,9 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from paraflax import masks, verify
+from paraflax import verify
 from paraflax.decoding import state as st
 from paraflax.decoding.checks import check_fits
+from paraflax.model import masks
 
 
 def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):

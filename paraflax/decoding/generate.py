@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import sharding
 from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
 from paraflax.decoding.checks import prepare_prompts  # noqa: F401  (its old home)
 from paraflax.decoding.core import check_setup, decode_loop
+from paraflax.parallel import sharding
 
 # Trace counts per decoder class: a retrace per call means a shape or static value changes.
 TRACES: collections.Counter = collections.Counter()

@@ -21,8 +21,8 @@ from paraflax.decoding.checks import check_fits
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.decoding.jacobi_mr import MR_FIELDS, JacobiMR, check_greedy_block
 from paraflax.decoding.protocol import Decoder
+from paraflax.parallel.sharding import axes
 from paraflax.sampling import Greedy
-from paraflax.sharding import axes
 
 
 @struct.dataclass

@@ -47,13 +47,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks
 from paraflax.decoding import recycling
 from paraflax.decoding import state as st
 from paraflax.decoding.checks import check_fits
 from paraflax.decoding.protocol import Decoder
+from paraflax.model import masks
+from paraflax.parallel.sharding import axes, subtree
 from paraflax.sampling import Greedy
-from paraflax.sharding import axes, subtree
 
 MR_FIELDS = ("num_blocks", "spawn_threshold", "pool_size", "num_candidates")
 

@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks
-from paraflax.cache import KVCache, commit, init_cache
-from paraflax.model import Queries
-from paraflax.sharding import axes, subtree
+from paraflax.model import masks
+from paraflax.model.cache import KVCache, commit, init_cache
+from paraflax.model.transformer import Queries
+from paraflax.parallel.sharding import axes, subtree
 
 HOLE = -1  # a position to fill
 

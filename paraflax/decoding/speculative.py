@@ -23,15 +23,21 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks
-from paraflax.cache import ChunkKV, KVCache
 from paraflax.decoding import state as st
 from paraflax.decoding.deer import DEER
-from paraflax.decoding.draft_verify import (check_drafter, drafter_ids, proposal_logits,
-                                            shared_vocab, start_with_drafter, verify_drafts)
+from paraflax.decoding.draft_verify import (
+  check_drafter,
+  drafter_ids,
+  proposal_logits,
+  shared_vocab,
+  start_with_drafter,
+  verify_drafts,
+)
 from paraflax.decoding.protocol import Decoder
+from paraflax.model import masks
+from paraflax.model.cache import ChunkKV, KVCache
+from paraflax.parallel.sharding import subtree
 from paraflax.sampling import Greedy
-from paraflax.sharding import subtree
 
 _LAG = 2  # most emitted tokens the drafter can have not seen: the width of draft call 1
 DRAFTERS = ("ar", "diffusion")  # the deprecated `drafter=` values

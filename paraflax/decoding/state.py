@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from paraflax import masks
-from paraflax.sharding import axes, subtree
-from paraflax.cache import ChunkKV, KVCache, commit, init_cache
-from paraflax.config import ModelConfig
+from paraflax.model import masks
+from paraflax.model.cache import ChunkKV, KVCache, commit, init_cache
+from paraflax.model.config import ModelConfig
+from paraflax.parallel.sharding import axes, subtree
 
 
 @struct.dataclass

@@ -27,12 +27,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax import masks, verify
-from paraflax.cache import ChunkKV, commit, init_cache
+from paraflax import verify
 from paraflax.decoding import state as st
 from paraflax.decoding.protocol import Decoder
+from paraflax.model import masks
+from paraflax.model.cache import ChunkKV, commit, init_cache
+from paraflax.parallel.sharding import axes
 from paraflax.sampling import Greedy
-from paraflax.sharding import axes
 
 
 @struct.dataclass

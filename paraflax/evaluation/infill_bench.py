@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import masks
 from paraflax.data.humaneval import Problem
 from paraflax.decoding.any_order import AnyOrder
 from paraflax.decoding.infill import infill
 from paraflax.decoding.lattice import HOLE
+from paraflax.model import masks
 
 
 @dataclasses.dataclass(frozen=True)

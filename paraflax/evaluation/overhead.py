@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from paraflax import masks
-from paraflax.cache import init_cache
-from paraflax.config import ModelConfig
 from paraflax.decoding import state as st
 from paraflax.decoding.generate import generate
-from paraflax.model import Transformer
+from paraflax.model import masks
+from paraflax.model.cache import init_cache
+from paraflax.model.config import ModelConfig
+from paraflax.model.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,8 @@ import numpy as np
 from flax import nnx
 
 from paraflax.data import corpus
-from paraflax.data.packing import token_stream
 from paraflax.data.jsonl import read_records
+from paraflax.data.packing import token_stream
 from paraflax.data.pipeline import DataConfig, validation_batches
 from paraflax.data.records import RecordEncoder, record_streams
 
@@ -28,7 +28,7 @@ def records_batches(tokenizer, paths, model_dir, *, seq_len: int = 256,
   """Every record of the JSONL `paths` encoded as training encodes them (the chat template of
   `model_dir` when it has one; loss on responses), packed into `{"tokens", "loss_mask"}`
   batches of `seq_len` (fewer rows than `batch_size`: one batch of them all)."""
-  from paraflax.hf.chat import ChatTemplate
+  from paraflax.data.chat import ChatTemplate
   encoder = RecordEncoder(tokenizer, ChatTemplate.of(model_dir))
   tokens, mask = record_streams(read_records(paths), encoder, progress=False)
   rows = len(tokens) // seq_len

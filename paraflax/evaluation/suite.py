@@ -8,14 +8,18 @@ import dataclasses
 
 import numpy as np
 
+from paraflax.apps.generate import prompt_ids, read_prompts
 from paraflax.data.humaneval import load_humaneval
 from paraflax.evaluation import bench
 from paraflax.evaluation import infill_bench as ib
-from paraflax.evaluation.complete import prompt_ids, read_prompts
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts
 from paraflax.evaluation.methods import bench_methods, infill_methods
-from paraflax.evaluation.quality import (heldout_batches, heldout_loss, heldout_metrics,
-                                         records_batches)
+from paraflax.evaluation.quality import (
+  heldout_batches,
+  heldout_loss,
+  heldout_metrics,
+  records_batches,
+)
 from paraflax.loading import load_drafter, load_model, load_related
 
 

@@ -7,10 +7,10 @@
 """
 
 from paraflax.hf.config import SUPPORTED, hf_config_from_model, model_config_from_hf
-from paraflax.hf.convert import convert_hf
 from paraflax.hf.export import export_hf
 from paraflax.hf.load import load_hf
 from paraflax.hf.tokenizer import encode_prompt, load_hf_tokenizer
+from paraflax.training.convert import convert_hf
 
 __all__ = ["SUPPORTED", "convert_hf", "encode_prompt", "export_hf",
            "hf_config_from_model", "load_hf", "load_hf_tokenizer", "model_config_from_hf"]

@@ -37,7 +37,7 @@ def probe_texts(tok, chat_template: str | None = None) -> list[str]:
   added = [t.content for t in tok.backend.get_added_tokens_decoder().values()]
   texts = list(PROBES) + [f"a{t}b\n{t} {t}" for t in added]
   if chat_template is not None:
-    from paraflax.hf.chat import render_chat
+    from paraflax.data.chat import render_chat
     texts += [render_chat(chat_template, MESSAGES[:-1]),
               render_chat(chat_template, MESSAGES, add_generation_prompt=False)]
   return texts
@@ -80,7 +80,7 @@ def _mismatch(path: Path, tok) -> str | None:
     auto = load_auto_tokenizer(path)
   except Exception:  # noqa: BLE001  transformers cannot load it at all: nothing to compare
     return None
-  from paraflax.hf.chat import chat_template
+  from paraflax.data.chat import chat_template
   why = differences(auto, tok, probe_texts(tok, chat_template(path)))
   return None if why is None else f"{type(auto).__name__} ({why})"
 

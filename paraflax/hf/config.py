@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from paraflax.config import ModelConfig, RopeScaling
 from paraflax.json_io import read_json_object
+from paraflax.model.config import ModelConfig, RopeScaling
 
 SUPPORTED = ("llama", "qwen2", "qwen3")  # HF model_type values (Qwen2.5 is "qwen2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",

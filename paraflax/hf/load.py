@@ -19,12 +19,12 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from paraflax.config import ModelConfig
 from paraflax.hf import layout
 from paraflax.hf.config import model_config_from_hf, read_hf_config
 from paraflax.hf.safetensors_io import TensorInfo, is_float, read_header, read_tensor
 from paraflax.json_io import json_field, read_json_object
-from paraflax.model import Transformer
+from paraflax.model.config import ModelConfig
+from paraflax.model.transformer import Transformer
 
 INDEX = "model.safetensors.index.json"
 _LIST = 8  # names shown in an error before "and N more"

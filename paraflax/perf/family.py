@@ -64,7 +64,7 @@ def write_recipes(plan: FamilyPlan, where: Path) -> Path:
 def demo_sizes(examples: int | None):
   """The demo's stages with `examples` trajectories and teacher answers while inside (None:
   the demo's own); `demo.ensure` reads both module tables when it runs."""
-  from paraflax.evaluation import demo
+  from paraflax.apps import demo
   old = demo.STAGES, demo.TEACHER
   if examples:
     demo.STAGES = {n: s if s.collect is None else dataclasses.replace(
@@ -92,7 +92,7 @@ def bench_prompts(encode, tok, n: int) -> tuple[list, str]:
 def run(plan: FamilyPlan, add, log) -> list[str]:
   """Train the stages (one row each), then bench every method their models allow (one row
   each). Errors propagate: a stage that fails leaves nothing to bench."""
-  from paraflax.evaluation import demo
+  from paraflax.apps import demo
   from paraflax.evaluation.bench import run_bench
   from paraflax.evaluation.methods import bench_methods
   from paraflax.loading import load_drafter, load_model, load_related

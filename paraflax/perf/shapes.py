@@ -27,7 +27,7 @@ def shape_fields(shape: str, layers: int | None = None) -> dict:
 def model_config(shape: str, dtype: str, layers: int | None = None, **extra):
   """A `ModelConfig` of `shape` with compute and parameters in `dtype`, `<mask>` = 2 (TiDAR
   runs on it), and `extra` fields (`attention`, `two_stream`, ...)."""
-  from paraflax.config import ModelConfig
+  from paraflax.model.config import ModelConfig
   return ModelConfig(**{**shape_fields(shape, layers), "dtype": dtype, "param_dtype": dtype,
                         "mask_token_id": 2, **extra})
 
@@ -46,7 +46,7 @@ def attention_used(cfg, rows: int, cached: bool) -> str:
   declines."""
   import jax
 
-  from paraflax.attention import resolve
+  from paraflax.model.attention import resolve
   impl = resolve(cfg.attention, jax.default_backend(), cfg.dtype, max_len=cfg.max_seq_len,
                  rows=rows, cached=cached)
   return impl if isinstance(impl, str) else "|".join(impl)

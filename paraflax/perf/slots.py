@@ -42,10 +42,10 @@ def slot_costs(model, cache_len: int, repeats: int, batch: int, forwards, inner:
   import jax
   import jax.numpy as jnp
 
-  from paraflax import masks
-  from paraflax.cache import init_cache
   from paraflax.decoding import state as st
   from paraflax.evaluation.overhead import best_of
+  from paraflax.model import masks
+  from paraflax.model.cache import init_cache
   fwd = st.Forward.of(model)
   cache = init_cache(model.cfg, batch, cache_len + max(w for w, _, _ in forwards))
   cache = cache.replace(lengths=jnp.full((batch,), cache_len, jnp.int32))

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from paraflax.training import flops
 from paraflax.perf.shapes import attention_used, shape_fields
+from paraflax.training import flops
 
 # objective -> the recipe (configs/<name>.py) perf resizes
 RECIPES = {"ar": "tiny_ar", "jacobi_forcing": "jacobi_forcing_r1", "tidar": "tidar_scratch",
@@ -53,7 +53,7 @@ def recipe(objective: str, plan: TrainPlan, seq_len: int):
 
 def run_control(cfg) -> dict:
   """The run control a training step of `cfg` compiles with, "auto" resolved."""
-  from paraflax.model import remat_policy, scans
+  from paraflax.model.transformer import remat_policy, scans
   from paraflax.training.head_loss import chunk_size
   d = cfg.data
   return {"attention": attention_used(cfg.model, cfg.data.seq_len, cached=False),

@@ -8,7 +8,7 @@ with abstract shapes and prints XLA's memory report and the step's FLOPs as JSON
 With `--hf DIR` the config is a recipe retargeted at a Hugging Face model (`from_hf.py`);
 `--data FILE.jsonl` trains on the user's JSON Lines (data source "jsonl").
 Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
-PARAFLAX_* environment, see `paraflax.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
+PARAFLAX_* environment, see `paraflax.parallel.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import sys
 
 import jax
 
-from paraflax import distributed  # light: `paraflax train` builds its flags from this module
+from paraflax.parallel import (
+  distributed,  # light: `paraflax train` builds its flags from this module
+)
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -82,7 +84,7 @@ def config_from_args(args: argparse.Namespace):
   """The run's TrainConfig: the config file with --set applied, retargeted at --hf and --data
   (`from_hf.py`), --set applied again so that it wins over what --hf derives, then --steps."""
   from paraflax.training.config import apply_overrides, load_config
-  from paraflax.from_hf import from_hf, with_data
+  from paraflax.training.from_hf import from_hf, with_data
   overrides = parse_overrides(args.overrides)
   # with --data, data_source_args.* name the jsonl source's arguments: set after retargeting
   first = {k: v for k, v in overrides.items()

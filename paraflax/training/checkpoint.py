@@ -37,10 +37,16 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from paraflax.checksums import (ALGORITHM, ChecksumError, ChecksumWarning, digest, files_under,
-                                verify)
 from paraflax.json_io import read_json, write_json
 from paraflax.paths import as_path
+from paraflax.training.checksums import (
+  ALGORITHM,
+  ChecksumError,
+  ChecksumWarning,
+  digest,
+  files_under,
+  verify,
+)
 
 CHECKPOINTS = "checkpoints"
 CORRUPT = "corrupt_checkpoints"  # where resume moves the steps it had to skip

@@ -19,8 +19,9 @@ import time
 
 import jax
 
-from paraflax import destination, sharding
+from paraflax import destination
 from paraflax.data.pipeline import prepare_stdlib
+from paraflax.parallel import sharding
 from paraflax.paths import model_dirs, resolve_path
 from paraflax.training import load_trained, store, teacher, trajectories
 
@@ -30,9 +31,9 @@ NO_SPLIT = "a Hugging Face model has no training split: pass --data FILE.jsonl"
 def _record_prompts(model_dir, tok, data, cfg) -> store.Prompts:
   """The chosen prompts of the records of `data` (files or globs), encoded by `tok` and the
   chat template of `model_dir`."""
+  from paraflax.data.chat import ChatTemplate
   from paraflax.data.jsonl import TextRecord, expand_paths, read_records
   from paraflax.data.records import RecordEncoder
-  from paraflax.hf.chat import ChatTemplate
   records = read_records(data)
   encoder = RecordEncoder(tok, ChatTemplate.of(model_dir))
   ids = [encoder.prompt_ids(r) for r in records]

@@ -15,15 +15,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from paraflax.config import ModelConfig
 from paraflax.data.pipeline import DataConfig
 from paraflax.data.source import DataSource, as_pairs, get_source, source_args
 from paraflax.json_io import read_json_object
-from paraflax.sharding import MeshConfig
+from paraflax.model.config import ModelConfig
+from paraflax.parallel.sharding import MeshConfig
+from paraflax.paths import resolve_path
 from paraflax.training import fields
 from paraflax.training.objectives import STEP, objective
 from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
-from paraflax.paths import resolve_path
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 SCHEMA = 2  # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`)

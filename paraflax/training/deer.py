@@ -39,9 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import deer_layout, masks
 from paraflax.data.source import TrainData, register_source
-from paraflax.masks import CLEAN, MASKED
+from paraflax.decoding import deer_layout
+from paraflax.model import masks
+from paraflax.model.masks import CLEAN, MASKED
 from paraflax.training.head_loss import token_nll
 from paraflax.training.means import Loss, Mean
 from paraflax.training.objectives import register_objective

@@ -23,9 +23,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from paraflax import sharding
 from paraflax.data.source import batch_shapes
-from paraflax.model import Transformer
+from paraflax.model.transformer import Transformer
+from paraflax.parallel import sharding
 from paraflax.training import flops, optim
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
 from paraflax.training.objectives import STEP, objective

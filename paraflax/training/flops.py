@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from paraflax.config import ModelConfig
+from paraflax.model.config import ModelConfig
 
 # bf16 dense peak FLOP/s per device, by a substring of `jax.Device.device_kind` (first match
 # wins). NVIDIA H100 / H200 / A100 datasheets (the sparsity figures halved); Google Cloud TPU

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraflax import sharding
-from paraflax.model import logits as project
+from paraflax.model.transformer import logits as project
+from paraflax.parallel import sharding
 
 # "auto" (loss_chunk=None): the float32 logits computed at once stay under this many bytes
 LOGITS_BUDGET = 256 * 2**20

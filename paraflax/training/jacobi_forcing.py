@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import masks
 from paraflax.data.source import TrainData, register_source
-from paraflax.masks import CLEAN, NOISY, PROMPT
+from paraflax.model import masks
+from paraflax.model.masks import CLEAN, NOISY, PROMPT
 from paraflax.training.head_loss import per_position, soft_cross_entropy, token_stats
 from paraflax.training.means import Loss, Mean
 from paraflax.training.objectives import register_objective
@@ -194,6 +194,7 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
   """(train iterator (checkpointable, infinite, shuffled), validation batches, meta) of a
   trajectory store. Batches: the `example` keys, each [batch_size, row_length]."""
   import grain
+
   from paraflax.training import trajectories
   data = trajectories.load(cfg.path)
   total = len(data.prompt_lens)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraflax import mask_structure as ms
+from paraflax.model import mask_structure as ms
 from paraflax.training import asarm, deer, tidar
 from paraflax.training import jacobi_forcing as jf
 

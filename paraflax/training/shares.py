@@ -35,7 +35,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from paraflax import sharding
+from paraflax.parallel import sharding
 from paraflax.training import store
 
 

@@ -10,9 +10,9 @@ import jax
 import optax
 from flax import nnx
 
-from paraflax import sharding
-from paraflax.config import ModelConfig
-from paraflax.model import Block, Transformer
+from paraflax.model.config import ModelConfig
+from paraflax.model.transformer import Block, Transformer
+from paraflax.parallel import sharding
 from paraflax.training.accumulate import accumulated
 
 

@@ -12,7 +12,7 @@ A store is a directory:
     tokenizer.json  the tokenizer of the model that made it
     progress.json   {"batches": k}: the first k batches are on disk (filling resumes there)
     <name>/         one zarr int32 array per name, `[examples, ...]`, chunked by batch
-    checksums.jsonl size and crc32 of the files (`paraflax.checksums`): one line for the files
+    checksums.jsonl size and crc32 of the files (`paraflax.training.checksums`): one line for the files
                     made with the store, then one per batch for the chunk files it wrote,
                     appended before progress.json advances; verified by `read_store`
     paraflax.lock   held while a command fills the store (`writing`, `lock.py`)
@@ -38,13 +38,12 @@ from etils.epath import Path
 from tqdm.auto import tqdm
 
 from paraflax import destination
-from paraflax.checksums import ChecksumError, ChecksumWarning, digest, verify
 from paraflax.data.tokenizer import Tokenizer
-from paraflax.json_io import (append_text, json_field, read_json_object, write_atomic,
-                              write_json)
-from paraflax.training import lock
-from paraflax.training.interrupt import Interrupted
+from paraflax.json_io import append_text, json_field, read_json_object, write_atomic, write_json
 from paraflax.paths import kvstore, resolve_path
+from paraflax.training import lock
+from paraflax.training.checksums import ChecksumError, ChecksumWarning, digest, verify
+from paraflax.training.interrupt import Interrupted
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"

@@ -19,7 +19,7 @@ import os
 import numpy as np
 from etils.epath import Path  # stores may live on gs://
 
-from paraflax import sharding
+from paraflax.parallel import sharding
 from paraflax.training import store
 from paraflax.training.shares import Share
 from paraflax.training.store import TOKENIZER, training_prompts  # noqa: F401

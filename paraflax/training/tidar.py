@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from paraflax import masks
+from paraflax.model import masks
 from paraflax.training.head_loss import token_nll
 from paraflax.training.means import Loss, Mean
 from paraflax.training.objectives import register_objective

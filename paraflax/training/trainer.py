@@ -23,7 +23,7 @@ With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by th
 axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split
 over its data axes, and the same pure `train_step` runs under `jax.jit` shardings;
 checkpoints are saved sharded and restore onto whatever mesh the resuming run uses. On
-several hosts (`paraflax.distributed`) every process runs `train` with the same config; only
+several hosts (`paraflax.parallel.distributed`) every process runs `train` with the same config; only
 process 0 writes logs, config and plots.
 """
 
@@ -41,9 +41,9 @@ import numpy as np
 from etils import epath
 from tqdm.auto import tqdm
 
-from paraflax import sharding
 from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
+from paraflax.parallel import sharding
 from paraflax.paths import as_path
 from paraflax.training import flops, interrupt, lock, optim
 from paraflax.training.checkpoint import Checkpoints
@@ -51,10 +51,25 @@ from paraflax.training.config import TrainConfig, apply_overrides, load_config, 
 from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
 from paraflax.training.objectives import STEP, objective
 from paraflax.training.profile import PROFILE_DIR, StepTrace
-from paraflax.training.step import (eval_step, evaluate, init_opt_state, init_params,  # noqa: F401
-                                    jit_train_step, keys, mean_loss, train_step)
-from paraflax.training.workdir import (CONFIG, TOKENIZER, check_init_from, check_workdir,
-                                       initial_params, load_trained, with_method_tokens)
+from paraflax.training.step import (  # noqa: F401
+  eval_step,
+  evaluate,
+  init_opt_state,
+  init_params,
+  jit_train_step,
+  keys,
+  mean_loss,
+  train_step,
+)
+from paraflax.training.workdir import (
+  CONFIG,
+  TOKENIZER,
+  check_init_from,
+  check_workdir,
+  initial_params,
+  load_trained,
+  with_method_tokens,
+)
 
 
 class _Meter:

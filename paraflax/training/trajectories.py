@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from etils.epath import Path  # stores may live on gs://
 
-from paraflax import masks, sharding
-from paraflax.cache import commit
 from paraflax.decoding.state import Forward, prefill
+from paraflax.model import masks
+from paraflax.model.cache import commit
+from paraflax.parallel import sharding
 from paraflax.training import store
 from paraflax.training.shares import Share
 from paraflax.training.store import META, PROGRESS, TOKENIZER, training_prompts  # noqa: F401

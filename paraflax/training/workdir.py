@@ -15,10 +15,10 @@ import jax.numpy as jnp
 from etils import epath
 from flax import nnx
 
-from paraflax import sharding
 from paraflax.data.tokenizer import Tokenizer, load_tokenizer
+from paraflax.model.transformer import Transformer
+from paraflax.parallel import sharding
 from paraflax.paths import as_path, is_hf_dir
-from paraflax.model import Transformer
 from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
 from paraflax.training.config import TrainConfig, config_differences, read_config
 from paraflax.training.step import init_params

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from paraflax.config import ModelConfig
-from paraflax.sharding import KV_NAMES, axes, constrain
+from paraflax.model.config import ModelConfig
+from paraflax.parallel.sharding import KV_NAMES, axes, constrain
 
 
 @struct.dataclass

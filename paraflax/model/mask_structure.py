@@ -26,7 +26,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from paraflax.masks import CLEAN, MASKED, PROMPT
+from paraflax.model.masks import CLEAN, MASKED, PROMPT
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # tile classes of `Structured.layout`
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from paraflax import masks
+from paraflax.model import masks
 
 
 def block_tokens(offsets: jax.Array, sep_id: int, fill) -> jax.Array:

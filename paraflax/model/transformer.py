@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax import sharding
-from paraflax.attention import attend
-from paraflax.cache import ChunkKV, KVCache
-from paraflax.config import ModelConfig
-from paraflax.mask_structure import Structured
+from paraflax.model.attention import attend
+from paraflax.model.cache import ChunkKV, KVCache
+from paraflax.model.config import ModelConfig
+from paraflax.model.mask_structure import Structured
+from paraflax.parallel import sharding
 
 
 class Queries(NamedTuple):

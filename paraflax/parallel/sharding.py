@@ -33,8 +33,14 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from paraflax.meshes import (AXES, MeshConfig, make_mesh, resolve_mesh, returned_on,  # noqa: F401
-                             use_mesh)
+from paraflax.parallel.meshes import (  # noqa: F401
+  AXES,
+  MeshConfig,
+  make_mesh,
+  resolve_mesh,
+  returned_on,
+  use_mesh,
+)
 
 # logical axis -> mesh axes (in order; a prefix whose sizes divide the dim is used)
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -34,8 +34,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from paraflax.config import ATTENTION as IMPLEMENTATIONS
-from paraflax.mask_structure import EMPTY, Structured
+from paraflax.model.config import ATTENTION as IMPLEMENTATIONS
+from paraflax.model.mask_structure import EMPTY, Structured
 
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (scripts/attention_bench.py):

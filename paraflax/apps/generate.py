@@ -100,7 +100,7 @@ def prompt_text(prompt, chat: bool, path) -> str:
   under the chat template of the model directory `path`, the assistant's turn opened."""
   if not chat and isinstance(prompt, str):
     return prompt
-  from paraflax.hf.chat import chat_prompt
+  from paraflax.data.chat import chat_prompt
   return chat_prompt(path, [{"role": "user", "content": prompt}] if chat else prompt)
 
 

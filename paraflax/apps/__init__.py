@@ -1,0 +1,1 @@
+"""Programs built on the library: `paraflax generate` (`generate`) and `paraflax demo` (`demo`)."""

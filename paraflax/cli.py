@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from paraflax import methods
-from paraflax.paths import CACHE, CONFIGS
+from paraflax.paths import CACHE
 
 
 def _call(fn, args):
@@ -37,10 +37,9 @@ def cmd_bench(args):
 def cmd_demo(args):
   from paraflax.apps import demo
   from paraflax.evaluation import suite
-  if not args.hf and not (CONFIGS / "tiny_ar.py").is_file():
-    raise SystemExit(f"{CONFIGS} not found: run the demo from a clone of the repository")
-  demo.run(_call(suite.Models, args), _call(suite.Settings, args), cache=CACHE, quick=args.quick,
-           retrain=args.retrain, ship=args.ship, steps=args.steps)
+  demo.run(_call(suite.Models, args), _call(suite.Settings, args), cache=CACHE,
+           shipped=args.shipped, quick=args.quick, retrain=args.retrain, ship=args.ship,
+           steps=args.steps)
 
 
 def cmd_perf(args):
@@ -202,8 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
   d = command("demo", cmd_demo, "train (or reuse) the tiny models, then bench them")
   d.add_argument("--retrain", action="store_true", help="retrain from scratch")
   d.add_argument("--steps", type=int, default=None, help="override the training steps")
+  d.add_argument("--shipped", metavar="DIR", help="start from the "
+                 "params-only models here (default: the clone's checkpoints/, when the demo "
+                 "runs from its root); the ones missing are trained")
   d.add_argument("--ship", action="store_true",
-                 help="with --retrain: store the result as the repository's shipped checkpoint")
+                 help="with --retrain: store the results in --shipped")
   d.add_argument("--quick", action="store_true", help="a smaller bench: 4 prompts x 32 tokens")
   d.add_argument("--hf", default=None, help="bench this local Hugging Face checkpoint instead")
   bench_flags(d)

@@ -1,6 +1,5 @@
-"""Where the repository's configs and shipped checkpoints live, and the user's cache; workdir
-and store locations as `etils.epath.Path`, so that local directories and object stores
-(`gs://bucket/dir` on TPU VMs) go through the same code.
+"""The user's cache; workdir and store locations as `etils.epath.Path`, so that local
+directories and object stores (`gs://bucket/dir` on TPU VMs) go through the same code.
 
 Local locations are made absolute with `~` expanded; remote ones (any `scheme://`) are kept as
 given: `pathlib`-style `resolve()` would turn `gs://b/x` into a local `gs:/b/x`.
@@ -13,9 +12,6 @@ from pathlib import Path
 
 from etils import epath
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
-SHIPPED = REPO / "checkpoints"  # params-only snapshots made by `paraflax demo --retrain --ship`
 CACHE = Path(os.environ.get("PARAFLAX_CACHE", "~/.cache/paraflax")).expanduser()
 
 

@@ -4,7 +4,7 @@
       [--drafter NAME WORKDIR CONFIGS ...] [--json FILE]
 
 Per drafter: its supervised target tokens, the positions that carry a loss over all its
-training stages (CONFIGS: comma-separated configs/ names, "" for none), replayed exactly from
+training stages (CONFIGS: comma-separated recipe names, "" for none), replayed exactly from
 the teacher store's batches and the trainer's keys (`training.deer.supervised_targets`); then
 on the bench's prompts (8 HumanEval prompts x 64 greedy tokens, batch 4, verifier
 checkpoints/tiny_ar) at k = 4 / 8 / 16: drafts accepted per block (mean), first-draft accuracy
@@ -39,8 +39,8 @@ ROUNDS = 5
 
 
 def targets(configs: str, teacher: str) -> int:
-  """Supervised target tokens summed over the stages `configs` (configs/ names)."""
-  return sum(supervised_targets(apply_overrides(load_config(REPO / "configs" / f"{c}.py"),
+  """Supervised target tokens summed over the stages `configs` (recipe names)."""
+  return sum(supervised_targets(apply_overrides(load_config(c),
                                                 {"data_source_args.path": teacher}))
              for c in configs.split(","))
 

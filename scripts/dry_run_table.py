@@ -40,7 +40,7 @@ def command(config: str, model: dict, seq_len: int, batch: int, mesh: str | None
   sets = [f"model.{k}={v}" for k, v in model.items()]
   sets += [f"data.seq_len={seq_len}", f"data.batch_size={batch}"]
   sets += [f"mesh={mesh}"] if mesh else []
-  return [sys.executable, "-m", "paraflax.training", "--config", f"configs/{config}.py",
+  return [sys.executable, "-m", "paraflax.training", "--config", config,
           "--workdir", workdir, "--dry-run", *[x for s in sets for x in ("--set", s)]]
 
 

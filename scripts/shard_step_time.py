@@ -1,6 +1,6 @@
 """Per-step time of a sharded vs an unsharded training step (a sanity ratio, not a benchmark).
 
-  python scripts/shard_step_time.py [--config configs/tiny_ar.py] [--devices 8]
+  python scripts/shard_step_time.py [--config tiny_ar] [--devices 8]
                                     [--meshes 8,1,1 2,2,2 1,1,8] [--steps 10]
 
 On CPU the "devices" are host threads forced by XLA_FLAGS (set here, before JAX starts), all
@@ -18,8 +18,8 @@ import sys
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", default="configs/tiny_ar.py",
-                 help="TrainConfig file (model, optim, batch)")
+  p.add_argument("--config", default="tiny_ar",
+                 help="TrainConfig file or recipe name (model, optim, batch)")
   p.add_argument("--devices", type=int, default=8, help="forced CPU device count")
   p.add_argument("--meshes", nargs="+", default=["8,1,1", "2,2,2", "1,1,8"],
                  help="data,fsdp,tensor sizes (-1: the rest)")

@@ -8,7 +8,6 @@ and the main test process already runs JAX on one device).
 import dataclasses
 import functools
 import shutil
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,6 +25,7 @@ from paraflax.training import load_config, load_trained, read_metrics, train
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.dry_run import dry_run_from_config_path
 from paraflax.training.objectives import get_objective
+from paraflax.training.recipes import RECIPES
 from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8)]
@@ -33,7 +33,6 @@ PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 3, 3, 3], [1,
            [40], [8, 9], [20, 21, 22, 20, 21]]  # 8 rows of different lengths
 DECODERS = [pf.decoders.AR(), pf.decoders.PromptLookup(max_ngram=2, num_tokens=4)]
 NEW = 12
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def test_eight_devices():
@@ -229,7 +228,7 @@ def test_trainer_resumes_a_single_device_run_on_a_mesh(tmp_path):
   """`train` with cfg.mesh (axes renamed by axis_rules) resumes an unsharded run's checkpoint
   (restored onto the mesh) and logs the same losses as the unsharded run; `load_trained`
   restores onto a third mesh, and onto an Explicit mesh with the user's axis names."""
-  cfg = load_config(CONFIGS / "micro_ar.py")
+  cfg = load_config(RECIPES / "micro_ar.py")
   cfg = dataclasses.replace(
       cfg, model=dataclasses.replace(cfg.model, n_layers=1), steps=4, eval_every=100,
       eval_batches=1, checkpoint_every=2, log_every=1,
@@ -269,7 +268,7 @@ def test_fsdp_keeps_each_row_on_its_device():
     overrides = {"data.batch_size": batch, "data.seq_len": 512, "model.max_seq_len": 512,
                  "model.d_model": 256, "model.d_ff": 1024, "model.n_heads": 8}
     overrides.update({"mesh": mesh} if mesh else {})
-    return dry_run_from_config_path(CONFIGS / "micro_ar.py", overrides)["temp_bytes"]
+    return dry_run_from_config_path(RECIPES / "micro_ar.py", overrides)["temp_bytes"]
   one_device_row = temp(2) - temp(1)
   row_per_device = temp(16, "1,8,1") - temp(8, "1,8,1")
   assert row_per_device < 1.2 * one_device_row, (row_per_device, one_device_row)

@@ -3,7 +3,6 @@ unequal numbers of targets give the update, loss and metrics of one batch k time
 mean of micro-batch means would not); bf16 compute keeps float32 master weights."""
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +16,10 @@ from test_head_loss import _jacobi_rows, _teacher_rows
 import paraflax as pf
 from paraflax.training import apply_overrides, dry_run, get_objective, load_config
 from paraflax.training.accumulate import split
+from paraflax.training.recipes import RECIPES
 from paraflax.training.step import train_step
 
 pytestmark = pytest.mark.fast
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _ar_rows():
@@ -102,7 +101,7 @@ def test_bf16_compute_keeps_float32_master_weights():
 
 
 def test_grad_accum_is_checked_run_control_and_shows_in_the_dry_run():
-  cfg = load_config(CONFIGS / "micro_ar.py")  # batch_size 8
+  cfg = load_config(RECIPES / "micro_ar.py")  # batch_size 8
   for bad in ("3", "0"):
     with pytest.raises(ValueError, match="grad_accum must be >= 1 and divide") as e:
       apply_overrides(cfg, {"grad_accum": bad})

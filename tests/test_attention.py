@@ -196,7 +196,7 @@ def test_bad_value_is_one_clear_line():
 
 
 def test_setting_is_run_control_and_not_in_hf_configs():
-  cfg = load_config("configs/micro_ar.py")
+  cfg = load_config("micro_ar")
   other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention="xla_chunked"))
   assert config_differences(cfg, other) == []
   old = cfg.to_dict()

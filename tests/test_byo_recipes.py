@@ -1,6 +1,6 @@
 """Bring your own model and data, end to end: from a tiny random Qwen2 Hugging Face directory
 (its own byte-level BPE, a chat template) and a JSONL of prompt/response and chat records,
-each `configs/hf/` recipe's commands run a few steps; `generate` with the recipe's decoder
+each `hf/` recipe's commands run a few steps; `generate` with the recipe's decoder
 prints greedy AR's ids of the trained weights; the exportable ones reload in transformers
 (logits within 1e-4, the same greedy ids, stopping at EOS); an AS-ARM's export is refused;
 `bench` on the user's prompts and records is exact and reports their loss."""
@@ -23,7 +23,6 @@ from paraflax.training import load_trained
 
 torch, transformers = reference_libs()
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "hf"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -93,8 +92,9 @@ def _last_json(capsys, argv) -> dict:
 
 
 def _train(capsys, config: str, workdir: Path, *flags) -> None:
-  """`paraflax train --config configs/hf/CONFIG`, shrunk: it runs its 2 steps to a finite loss."""
-  summary = _last_json(capsys, ["train", "--config", str(CONFIGS / config), "--workdir",
+  """`paraflax train --config hf/CONFIG` (a recipe by name), shrunk: it runs its 2 steps to a
+  finite loss."""
+  summary = _last_json(capsys, ["train", "--config", f"hf/{config}", "--workdir",
                                 str(workdir), "--set",
                                 f"data.cache_dir={workdir.parent / 'cache'}", *SMALL, *flags])
   assert summary["step"] == 2 and np.isfinite(summary["train_loss"]), summary
@@ -188,7 +188,7 @@ def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tm
 def test_sft_generates_exactly_exports_and_transformers_stops_at_eos(
     capsys, hf_dir, data_file, tmp_path):
   run = tmp_path / "sft"
-  _train(capsys, "sft.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+  _train(capsys, "sft", run, "--hf", str(hf_dir), "--data", str(data_file),
          "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert len(ar) == NEW and 0 not in ar  # EOS not reached: the step-k check below is ours
@@ -218,7 +218,7 @@ def test_jacobi_forcing_from_its_own_trajectories_decodes_exactly(
       str(store), "--block-size", "4", "--num-blocks", "2", "--max-prompt-len", "16",
       "--min-prompt-len", "3", "--examples", "8", "--batch-size", "4"])
   assert collected["examples"] == 8
-  _train(capsys, "jacobi_forcing.py", run, "--hf", str(hf_dir), "--set",
+  _train(capsys, "jacobi_forcing", run, "--hf", str(hf_dir), "--set",
          f"data_source_args.path={store}", "--set", "data.seq_len=32", "--set",
          "data_source_args.noise_window=4", "--set", "data_source_args.val_fraction=0.25")
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
@@ -229,7 +229,7 @@ def test_jacobi_forcing_from_its_own_trajectories_decodes_exactly(
 def test_tidar_decodes_exactly_exports_its_ar_mode_and_benches_on_the_users_data(
     capsys, hf_dir, data_file, tmp_path):
   run = tmp_path / "tidar"
-  _train(capsys, "tidar.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+  _train(capsys, "tidar", run, "--hf", str(hf_dir), "--data", str(data_file),
          "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
   ar = _ids(capsys, "--workdir", str(run), "--decoder", "ar")
   assert _ids(capsys, "--workdir", str(run), "--decoder", "tidar") == ar
@@ -273,7 +273,7 @@ def test_deer_drafter_stage1_then_stage2_drafts_exactly_for_the_hf_model(
 @pytest.mark.slow
 def test_asarm_trains_and_its_export_is_a_one_line_refusal(capsys, hf_dir, data_file, tmp_path):
   run = tmp_path / "asarm"
-  _train(capsys, "asarm.py", run, "--hf", str(hf_dir), "--data", str(data_file),
+  _train(capsys, "asarm", run, "--hf", str(hf_dir), "--data", str(data_file),
          "--set", "data.seq_len=32", "--set", "data_source_args.val_fraction=0.2")
   assert cli.main(["export", "--workdir", str(run), "--to-hf", str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err.strip()

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   """(cfg, workdir, summary) of a finished 20-step micro run."""
-  cfg = load_config(ROOT / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   cache = str(tmp_path_factory.mktemp("data-cache"))
   cfg = dataclasses.replace(cfg, steps=20, eval_batches=1,
                             data=dataclasses.replace(cfg.data, cache_dir=cache, progress=False))

@@ -2,14 +2,12 @@
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from paraflax import cli
 
-CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "micro_ar.py")
-JF_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "micro_jacobi_forcing.py")
+CONFIG, JF_CONFIG = "micro_ar", "micro_jacobi_forcing"  # recipes, by name
 
 
 @pytest.fixture(scope="module")
@@ -190,18 +188,21 @@ def test_decoder_flags_are_checked_before_the_model_loads(tmp_path, capsys, flag
 def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir(
     tmp_path, monkeypatch):
   """`paraflax demo` with the stages, completions and bench faked: the stages' workdirs (one
-  given on the command line kept), --quick's 4 prompts x 32 tokens, the JSON in the cache."""
+  given on the command line kept), made by the installed recipes from the shipped models in
+  --shipped (default: the clone's checkpoints/), --quick's 4 prompts x 32 tokens, the JSON in
+  the cache."""
   import collections
   import types
 
   import numpy as np
 
   from paraflax.apps import demo
+  from paraflax.training.recipes import RECIPES
   out = collections.namedtuple("Out", "tokens lengths")
   tok = types.SimpleNamespace(encode=lambda text: [1], decode=lambda ids: "", eos_id=0)
-  runs = []
+  runs, builds = [], []
   monkeypatch.setattr(cli, "CACHE", tmp_path)
-  monkeypatch.setattr(demo, "ensure", lambda name, b: b.cache / name)
+  monkeypatch.setattr(demo, "ensure", lambda name, b: builds.append(b) or b.cache / name)
   monkeypatch.setattr(demo, "load_model", lambda workdir: (None, tok, None))
   monkeypatch.setattr(demo, "humaneval_prompts", lambda encode, n, m: [[1, 2]] * n)
   monkeypatch.setattr(demo, "generate", lambda model, prompts, **kw: out(
@@ -213,6 +214,9 @@ def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir
   assert models.jf_workdir == str(d / demo.JACOBI_FORCING) and models.tidar_workdir == "mine"
   assert models.asarm_workdir == str(d / "asarm") and models.deer_workdir == str(d / "deer_drafter")
   assert (s.prompts, s.max_new_tokens, s.json) == (4, 32, str(d / "bench.json"))
+  assert (builds[-1].configs, str(builds[-1].shipped)) == (RECIPES, "checkpoints")
+  assert cli.main(["demo", "--shipped", str(tmp_path / "mine")]) == 0
+  assert builds[-1].shipped == tmp_path / "mine"
   assert cli.main(["demo", "--hf", "hfdir", "--prompts", "2", "--json", "x.json"]) == 0
   models, s = runs[-1]
   assert (models.hf, models.workdir, s.prompts, s.max_new_tokens, s.json) == (

@@ -164,10 +164,9 @@ def test_chat_records_need_a_template_and_bad_arguments_are_named(tmp_path):
 
 def test_the_trainer_trains_on_loss_masked_records(tmp_path):
   import dataclasses
-  from pathlib import Path
 
   from paraflax.training import load_config, train
-  cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   _write(tmp_path / "d.jsonl", [{"prompt": f"q{i} ", "response": f"a{i} " * 3}
                                 for i in range(80)])
   cfg = dataclasses.replace(

@@ -22,8 +22,8 @@ from paraflax.model import masks
 from paraflax.training import deer, get_objective, load_config
 from paraflax.training import teacher as tch
 from paraflax.training.means import finalize
+from paraflax.training.recipes import RECIPES
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MASK, SEP = 2, 3
 C, K = masks.CLEAN, masks.MASKED
 
@@ -338,9 +338,9 @@ def _n_params(model_cfg):
 
 @pytest.mark.fast
 def test_drafter_configs():
-  s1, s2, ar = (load_config(CONFIGS / f"{n}.py") for n in
+  s1, s2, ar = (load_config(RECIPES / f"{n}.py") for n in
                 ("deer_drafter_stage1", "deer_drafter", "ar_drafter"))
-  base = load_config(CONFIGS / "tiny_ar.py").model
+  base = load_config(RECIPES / "tiny_ar.py").model
   assert (s1.objective, s2.objective, ar.objective) == ("deer_stage1", "deer_stage2", "ar")
   assert (s1.model.mask_token_id, s1.model.sep_token_id) == (2, 3) and s2.model == s1.model
   assert s2.init_from == "runs/deer_stage1" and dict(s2.objective_args)["max_masked"] == 16
@@ -348,10 +348,10 @@ def test_drafter_configs():
   assert ar.data_source == s1.data_source == s2.data_source == "teacher"
   assert ar.data_source_args == s1.data_source_args == s2.data_source_args and ar.data == s1.data
   # equal supervision: the AR drafter's answer tokens are DEER's Stage I + II targets, to a step
-  ar_module = _module(CONFIGS / "ar_drafter.py")
+  ar_module = _module(RECIPES / "ar_drafter.py")
   per_step = ar.data.batch_size * ar_module.ANSWER_LEN
   assert abs(ar.steps * per_step - ar_module.DEER_TARGETS) <= per_step / 2
-  b1, b2 = (load_config(CONFIGS / f"deer_drafter_bidirectional{n}.py") for n in ("_stage1", ""))
+  b1, b2 = (load_config(RECIPES / f"deer_drafter_bidirectional{n}.py") for n in ("_stage1", ""))
   assert b1 == dataclasses.replace(s1, model=dataclasses.replace(
       s1.model, drafter_prefix="bidirectional"))
   assert b2 == dataclasses.replace(s2, model=b1.model, init_from="runs/deer_bidirectional_stage1",
@@ -377,7 +377,7 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
   monkeypatch.setattr(training, "train_from_config_path", fake_train)
   monkeypatch.setattr(collect, "teacher_data", lambda src, out, cfg: calls.append(
       ("teacher", Path(src).name, Path(out).name, cfg)))
-  b = demo.Build(cache=tmp_path, configs=CONFIGS, shipped=tmp_path / "none")
+  b = demo.Build(cache=tmp_path, configs=RECIPES, shipped=tmp_path / "none")
   demo.ensure("deer_drafter", b)
   demo.ensure("ar_drafter", b)
   store = str(tmp_path / "tiny_ar_teacher")
@@ -401,7 +401,7 @@ def test_demo_recopies_a_shipped_model_only_when_it_was_reshipped(tmp_path):
   save("tiny_ar", "save 1")
   (cache / "asarm" / "checkpoints" / "3" / "opt_state").mkdir(parents=True)  # trained here
   save("asarm", "shipped asarm")
-  build = lambda: demo.Build(cache=cache, configs=CONFIGS, shipped=shipped)
+  build = lambda: demo.Build(cache=cache, configs=RECIPES, shipped=shipped)
   local = lambda name: cache / name / "local.txt"
   demo.ensure("tiny_ar", build())
   local("tiny_ar").write_text("kept while unchanged")

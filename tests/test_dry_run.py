@@ -18,9 +18,9 @@ from paraflax.training import teacher as tch
 from paraflax.training import trajectories as tr
 from paraflax.training.dry_run import abstract_batch, dry_run
 from paraflax.training.flops import train_flops
+from paraflax.training.recipes import RECIPES
 from paraflax.training.step import init_params
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = ("tiny_ar", "jacobi_forcing_r1", "tidar_scratch", "deer_drafter_stage1",
            "deer_drafter", "asarm")
 REPORTED = {"params", "devices", "argument_bytes", "output_bytes", "temp_bytes", "compile_s",
@@ -35,7 +35,7 @@ MICRO = ("model.vocab_size=64", "data.vocab_size=64", "model.d_model=16", "model
 def micro(config: str, tmp_path: Path, **extra):
   """A shipped config at micro shapes, its store and `init_from` pointing nowhere."""
   sets = dict(s.split("=", 1) for s in MICRO)
-  cfg = load_config(CONFIGS / f"{config}.py")
+  cfg = load_config(RECIPES / f"{config}.py")
   if cfg.data_source != "stdlib":
     sets["data_source_args.path"] = str(tmp_path / "no-store")
   if cfg.init_from is not None:
@@ -48,7 +48,7 @@ def test_dry_run_prints_the_memory_report_last_and_writes_nothing(tmp_path, monk
                                                                    capsys):
   monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
   workdir = tmp_path / "run"
-  argv = ["train", "--config", str(CONFIGS / "tiny_ar.py"), "--workdir", str(workdir),
+  argv = ["train", "--config", str(RECIPES / "tiny_ar.py"), "--workdir", str(workdir),
           "--dry-run", *[x for s in MICRO for x in ("--set", s)]]
   assert cli.main(argv) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -107,7 +107,7 @@ def test_a_store_whose_rows_are_not_data_seq_len_long_is_refused(model, tmp_path
       ("deer_drafter_stage1", teach, "teacher store .* has rows of 12 tokens \\(max_prompt_len "
        "\\+ answer_len\\) but data.seq_len=224: set data.seq_len=12")]:
     run = tmp_path / config
-    assert cli.main(["train", "--config", str(CONFIGS / f"{config}.py"), "--workdir", str(run),
+    assert cli.main(["train", "--config", str(RECIPES / f"{config}.py"), "--workdir", str(run),
                      "--set", f"data_source_args.path={store}",
                      "--set", f"init_from={tmp_path / 'none'}"]) == 2
     err = capsys.readouterr().err.strip()

@@ -111,7 +111,7 @@ def test_auto_chunk_takes_the_row_while_logits_are_small():
 
 
 def test_loss_chunk_is_run_control_and_settable():
-  cfg = load_config("configs/micro_ar.py")
+  cfg = load_config("micro_ar")
   other = apply_overrides(cfg, {"model.loss_chunk": "64"})
   assert other.model.loss_chunk == 64 and config_differences(cfg, other) == []
   old = cfg.to_dict()

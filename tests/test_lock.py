@@ -20,7 +20,7 @@ from paraflax.training import teacher, trajectories
 from paraflax.training.lock import LOCK, DirLock, LockedError
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = str(ROOT / "configs" / "micro_ar.py")
+CONFIG = "micro_ar"
 
 # Another process taking the lock on each argv directory, the library's own code (the module
 # loaded by path: no jax import); it says "held" and waits for stdin to close.

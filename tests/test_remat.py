@@ -4,7 +4,6 @@ gradients as the plain model (AR, the AS-ARM query stream, a cached forward), th
 
 import dataclasses
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +90,7 @@ def test_generate_is_unchanged_by_remat_and_scan(settings):
 
 @pytest.mark.fast
 def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
-  cfg = load_config(Path(__file__).parent.parent / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
                                                              scan_layers=True))
   assert config_differences(cfg, other) == []  # a run may resume with other settings

@@ -86,7 +86,7 @@ def test_every_model_param_has_a_rule():
 
 @pytest.mark.fast
 def test_train_config_mesh_round_trips_and_may_change_on_resume():
-  cfg = load_config(HERE.parent / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   assert cfg.mesh is None
   sharded = dataclasses.replace(cfg, mesh=(2, -1, 1))
   assert sharded.mesh == MeshConfig(2, -1, 1)
@@ -162,7 +162,7 @@ def test_mesh_specs_take_library_names_or_axis_rules_and_refuse_others_in_one_li
 
 @pytest.mark.fast
 def test_train_config_takes_a_renamed_mesh_and_round_trips_it():
-  cfg = load_config(HERE.parent / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   spec = "{'data': 2, 'model': 4, 'axis_rules': {'tensor': 'model'}}"
   named = apply_overrides(cfg, {"mesh": spec})
   assert named.mesh == MeshConfig(2, 1, 4, axis_rules={"tensor": "model"})

@@ -4,7 +4,6 @@ compile once, clear errors."""
 
 import dataclasses
 import itertools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +20,11 @@ from paraflax.decoding.generate import TRACES
 from paraflax.model import masks
 from paraflax.training import get_objective, load_config
 from paraflax.training.objectives import cross_entropy
+from paraflax.training.recipes import RECIPES
 from paraflax.training.tidar import doubled, tidar_loss
 
 V = 48
 MASK = V - 1  # arithmetic progressions mod V - 1 never contain it
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def _a(rows):
@@ -124,13 +123,13 @@ def test_objective_trains_both_modes(trained):
 
 @pytest.mark.fast
 def test_continual_and_scratch_configs():
-  cont = load_config(CONFIGS / "tidar_continual.py")
-  base = load_config(CONFIGS / "tiny_ar.py")
+  cont = load_config(RECIPES / "tidar_continual.py")
+  base = load_config(RECIPES / "tiny_ar.py")
   assert (cont.objective, cont.model.mask_token_id, cont.init_from) == (
       "tidar", 2, "checkpoints/tiny_ar")
   assert dict(cont.objective_args)["alpha"] == 1.0
   assert dataclasses.replace(cont.model, mask_token_id=None) == base.model  # same shapes
-  scratch = load_config(CONFIGS / "tidar_scratch.py")
+  scratch = load_config(RECIPES / "tidar_scratch.py")
   assert (scratch.objective, scratch.init_from, scratch.model.mask_token_id) == ("tidar", None, 2)
 
 

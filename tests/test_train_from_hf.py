@@ -25,12 +25,12 @@ from paraflax.training import load_trained
 from paraflax.training.__main__ import add_arguments, config_from_args
 from paraflax.training.config import TrainConfig, apply_overrides, load_config
 from paraflax.training.from_hf import from_hf
+from paraflax.training.recipes import RECIPES
 from paraflax.training.trainer import open_data, train
 from paraflax.training.workdir import initial_params
 
 torch, transformers = reference_libs()
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EOT = "<|endoftext|>"
 TINY = ["--set", "data.seq_len=32", "--set", "data.batch_size=4", "--set", "eval_batches=2",
         "--set", "eval_every=3", "--set", "checkpoint_every=3", "--set", "log_every=1",
@@ -94,7 +94,7 @@ def _env(tmp_path, monkeypatch):
 
 
 def _train(capsys, config: str, hf: Path, data: Path, workdir: Path, *flags) -> dict:
-  assert cli.main(["train", "--config", str(CONFIGS / config), "--workdir", str(workdir),
+  assert cli.main(["train", "--config", str(RECIPES / config), "--workdir", str(workdir),
                    "--hf", str(hf), "--data", str(data), *TINY, "--set",
                    f"data.cache_dir={workdir.parent / 'cache'}", *flags]) == 0
   return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -118,19 +118,19 @@ def _export_matches(run, out, seed: int) -> None:
 def test_the_model_tokenizer_and_method_ids_come_from_the_hf_dir(dirs, data_file):
   padded, exact = dirs["padded"], dirs["exact"]
   ids = tokenizers.Tokenizer.from_file(str(exact / "tokenizer.json")).get_vocab_size()
-  ar = from_hf(load_config(CONFIGS / "micro_ar.py"), padded, [data_file])
+  ar = from_hf(load_config(RECIPES / "micro_ar.py"), padded, [data_file])
   assert (ar.model.vocab_size, ar.model.d_model, ar.model.tie_embeddings) == (320, 32, False)
   assert ar.model.qkv_bias and ar.model.mask_token_id is None and ar.model.max_seq_len == 64
   assert ar.init_from == ar.data.tokenizer == str(padded.resolve())
   assert (ar.data_source, tuple(dict(ar.data_source_args)["paths"])) == (
       "jsonl", (str(data_file.resolve()),))
-  tidar = from_hf(load_config(CONFIGS / "tidar_scratch.py"), exact, [data_file])
+  tidar = from_hf(load_config(RECIPES / "tidar_scratch.py"), exact, [data_file])
   assert (tidar.data.mask_token, tidar.model.mask_token_id) == ("<mask>", ids)  # a new id
   assert tidar.model.vocab_size == ids + 1 and tidar.model.tie_embeddings  # one row grown
   fim = dataclasses.replace(tidar, data=dataclasses.replace(tidar.data, mask_token=EOT))
   reserved = from_hf(fim, exact, [data_file])  # a token the tokenizer has keeps its id
   assert (reserved.model.mask_token_id, reserved.model.vocab_size) == (0, ids)
-  jf = load_config(CONFIGS / "jacobi_forcing_r1.py")
+  jf = load_config(RECIPES / "jacobi_forcing_r1.py")
   with pytest.raises(ValueError, match=r"trains on a trajectories store.*paraflax "
                      r"collect-trajectories --hf .* --data FILE --out STORE`, then train with "
                      r"`--set data_source_args.path=STORE`"):
@@ -142,7 +142,7 @@ def test_the_model_tokenizer_and_method_ids_come_from_the_hf_dir(dirs, data_file
 
 @pytest.mark.fast
 def test_added_tokens_start_at_the_mean_row_and_reserved_ones_keep_theirs(dirs, data_file):
-  tidar = load_config(CONFIGS / "tidar_scratch.py")
+  tidar = load_config(RECIPES / "tidar_scratch.py")
   fim = dataclasses.replace(tidar, data=dataclasses.replace(tidar.data, mask_token=EOT))
   for name, recipe in (("exact", tidar), ("padded", tidar), ("exact", fim)):
     cfg = from_hf(recipe, dirs[name], [data_file])
@@ -203,7 +203,7 @@ def test_tidar_from_hf_adds_mask_and_exports_it(capsys, dirs, data_file, tmp_pat
 
 @pytest.mark.fast
 def test_another_tokenizer_or_a_neither_kind_dir_is_refused(capsys, dirs, data_file, tmp_path):
-  cfg = apply_overrides(from_hf(load_config(CONFIGS / "micro_ar.py"), dirs["padded"], [data_file]),
+  cfg = apply_overrides(from_hf(load_config(RECIPES / "micro_ar.py"), dirs["padded"], [data_file]),
                         {"data.seq_len": 32, "data.batch_size": 4, "data.tokenizer": str(
                             dirs["exact"]), "data.cache_dir": str(tmp_path / "c"),
                          "data_source_args.val_fraction": 0.3})
@@ -218,7 +218,7 @@ def test_another_tokenizer_or_a_neither_kind_dir_is_refused(capsys, dirs, data_f
                      r"workdir .* nor a Hugging Face directory"):
     train(dataclasses.replace(cfg, init_from=str(tmp_path / "neither")), tmp_path / "run2",
           progress=False)
-  assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir",
+  assert cli.main(["train", "--config", str(RECIPES / "micro_ar.py"), "--workdir",
                    str(tmp_path / "r3"), "--hf", str(tmp_path / "neither")]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "is not a model directory: expected a paraflax workdir" in err
@@ -229,7 +229,7 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   """Step-0 weights of the DEER drafter recipe on the HF model: <mask> and <sep> added (rows
   grown past the padding), exported with both as specials and transformers' logits."""
   hf = dirs["exact"]
-  cfg = from_hf(load_config(CONFIGS / "deer_drafter_stage1.py"), hf)
+  cfg = from_hf(load_config(RECIPES / "deer_drafter_stage1.py"), hf)
   known = load_tokenizer(hf).vocab_size
   assert (cfg.model.mask_token_id, cfg.model.sep_token_id, cfg.model.vocab_size) == (
       known, known + 1, known + 2)
@@ -242,7 +242,7 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   with torch.no_grad():
     got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(got, full_logits(model, tokens), atol=1e-4, rtol=0)
-  asarm = from_hf(load_config(CONFIGS / "asarm.py"), hf)
+  asarm = from_hf(load_config(RECIPES / "asarm.py"), hf)
   assert asarm.model.two_stream
   with pytest.raises(ValueError, match="two_stream"):
     export_hf(nnx.merge(*initial_params(asarm, None)), tmp_path / "no", tokenizer=tok)
@@ -256,7 +256,7 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
   add_arguments(parser)
 
   def config(*argv):
-    return config_from_args(parser.parse_args(["--config", str(CONFIGS / "tidar_scratch.py"),
+    return config_from_args(parser.parse_args(["--config", str(RECIPES / "tidar_scratch.py"),
                                                "--workdir", "w", *argv]))
 
   cfg = config("--hf", str(dirs["exact"]), "--data", str(data_file), "--data", str(data_file),
@@ -267,7 +267,7 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
   assert tuple(dict(cfg.data_source_args)["paths"]) == (str(data_file.resolve()),) * 2
   plain = config("--data", str(data_file))
   assert (plain.data_source, plain.data.tokenizer, plain.init_from) == ("jsonl", None, None)
-  assert plain.model == load_config(CONFIGS / "tidar_scratch.py").model
+  assert plain.model == load_config(RECIPES / "tidar_scratch.py").model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +284,7 @@ def test_data_without_the_method_tokens_trains_and_the_workdir_gains_them(
     dirs, data_file, tmp_path, monkeypatch):
   monkeypatch.setitem(data_source.SOURCES, "unmarked", _Unmarked)
   hf = dirs["exact"]
-  cfg = apply_overrides(from_hf(load_config(CONFIGS / "tidar_scratch.py"), hf), {
+  cfg = apply_overrides(from_hf(load_config(RECIPES / "tidar_scratch.py"), hf), {
       "data.seq_len": 32, "data.batch_size": 4, "data.cache_dir": str(tmp_path / "c"),
       "data_source": "unmarked", "data_source_args.paths": [str(data_file)],
       "data_source_args.val_fraction": 0.3})
@@ -296,7 +296,7 @@ def test_data_without_the_method_tokens_trains_and_the_workdir_gains_them(
 @pytest.mark.fast
 def test_dry_run_with_hf_compiles_the_hf_architecture(capsys, dirs, data_file):
   hf = dirs["padded"]
-  assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir", "unused",
+  assert cli.main(["train", "--config", str(RECIPES / "micro_ar.py"), "--workdir", "unused",
                    "--hf", str(hf), "--data", str(data_file), "--set", "data.seq_len=32",
                    "--set", "data.batch_size=4", "--dry-run"]) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

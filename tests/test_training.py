@@ -3,7 +3,6 @@
 import dataclasses
 import gzip
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -31,14 +30,14 @@ from paraflax.training import (
 )
 from paraflax.training.config import OptimConfig, config_differences
 from paraflax.training.flops import peak_flops, train_flops
+from paraflax.training.recipes import RECIPES
 from paraflax.training.trainer import init_params
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @pytest.fixture(scope="module")
 def micro_cfg(tmp_path_factory) -> TrainConfig:
-  cfg = load_config(CONFIGS / "micro_ar.py")
+  cfg = load_config(RECIPES / "micro_ar.py")
   cache = str(tmp_path_factory.mktemp("data-cache"))
   return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=cache,
                                                            progress=False))
@@ -252,7 +251,7 @@ def test_profile_steps_write_a_trace_of_those_steps(micro_cfg, tmp_path, capsys,
   from paraflax import cli
   monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
   for bad in ("3:1", "2", "a:b"):
-    assert cli.main(["train", "--config", str(CONFIGS / "micro_ar.py"), "--workdir",
+    assert cli.main(["train", "--config", "micro_ar", "--workdir",
                      str(tmp_path / "bad"), "--profile-steps", bad]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("paraflax train: error: --profile-steps expects A:B") and "\n" not in err

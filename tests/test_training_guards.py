@@ -26,7 +26,7 @@ from paraflax.training.config import config_differences, with_resolved_paths
 from paraflax.training.trainer import init_params
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = str(ROOT / "configs" / "micro_ar.py")
+CONFIG = "micro_ar"
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ SHIPPED = sorted(p for p in (ROOT / "checkpoints").iterdir() if (p / "config.jso
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-  cfg = load_config(ROOT / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   return dataclasses.replace(cfg, data=dataclasses.replace(
       cfg.data, cache_dir=str(tmp_path_factory.mktemp("data-cache")), progress=False))
 
@@ -49,7 +49,7 @@ def test_every_shipped_checkpoint_loads_its_config_schema_1_migrated(workdir):
 
 @pytest.mark.fast
 def test_configs_name_their_source_and_schema_1_dicts_migrate(micro):
-  jf = load_config(ROOT / "configs" / "jacobi_forcing_r2.py")
+  jf = load_config("jacobi_forcing_r2")
   assert (jf.objective, jf.data_source) == ("jacobi_forcing", "trajectories")
   assert dict(jf.data_source_args) == {"path": "~/.cache/paraflax/jf/r2_trajectories",
                                        "noise_window": 8, "noise_measure": "unconverged",

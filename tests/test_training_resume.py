@@ -32,7 +32,7 @@ SIGINT_AFTER = 20
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   cache = tmp_path_factory.mktemp("data-cache")
-  cfg = load_config(ROOT / "configs" / "micro_ar.py")
+  cfg = load_config("micro_ar")
   cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=str(cache),
                                                           progress=False))
   data = prepare_stdlib(cfg.data)  # warm the data cache before any subprocess
@@ -44,8 +44,7 @@ def setup(tmp_path_factory):
 
 
 def _command(cfg, workdir):
-  return [sys.executable, "-m", "paraflax.training", "--config", str(ROOT / "configs" /
-          "micro_ar.py"), "--workdir", str(workdir), "--steps", str(STEPS), "--no-progress",
+  return [sys.executable, "-m", "paraflax.training", "--config", "micro_ar", "--workdir", str(workdir), "--steps", str(STEPS), "--no-progress",
           "--set", f"data.cache_dir={cfg.data.cache_dir}",
           "--set", f"checkpoint_every={CHECKPOINT_EVERY}", "--set", "eval_every=100"]
 

@@ -1,11 +1,11 @@
-"""The models `paraflax demo` needs, each made by a repository config (or reused).
+"""The models `paraflax demo` needs, each made by a shipped recipe (or reused).
 
 A stage is one trained model. Stages that distil another model (Jacobi Forcing rounds) first
 collect that model's trajectories; the DEER drafters (and the small AR drafter they are compared
 with) train on one teacher store of the `teacher` stage's greedy answers (`TEACHER` settings),
 generated once and shared. `ensure` returns a stage's workdir under the cache: reused
-when it holds a checkpoint, copied from the repository's shipped snapshot (`checkpoints/NAME`,
-params only) when there is one, trained otherwise (its dependencies first). `run` is
+when it holds a checkpoint, copied from the clone's shipped snapshot (`checkpoints/NAME`, params
+only; `--shipped DIR`) when there is one, trained otherwise (its dependencies first). `run` is
 `paraflax demo`: the stages, a few completions, then the bench of them all.
 """
 
@@ -23,6 +23,7 @@ from paraflax.decoding.generate import generate
 from paraflax.evaluation import suite
 from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.loading import load_model
+from paraflax.training.recipes import RECIPES
 from paraflax.training.teacher import TeacherConfig
 from paraflax.training.trajectories import CollectConfig
 
@@ -30,7 +31,7 @@ from paraflax.training.trajectories import CollectConfig
 @dataclasses.dataclass(frozen=True)
 class Stage:
   name: str  # workdir name under the cache and shipped name under checkpoints/
-  config: str  # configs/<config>.py
+  config: str  # the recipe that trains it (`paraflax/recipes/<config>.py`)
   init_from: str | None = None  # the stage whose weights this one starts from
   collect: CollectConfig | None = None  # trajectories of `init_from`'s model to train on
   teacher: str | None = None  # the stage whose greedy answers (`TEACHER`) this one trains on
@@ -41,6 +42,8 @@ class Stage:
     if self.collect is not None and self.teacher is not None:
       raise ValueError(f"stage {self.name!r} takes one data source: collect or teacher")
 
+
+SHIPPED = "checkpoints"  # the clone's shipped snapshots, relative to where the demo runs
 
 # The DEER teacher store: the verifier's greedy answers to stdlib prompts (~4 min on 2 cores).
 TEACHER = TeacherConfig(examples=8192, answer_len=128, min_prompt_len=32, max_prompt_len=96,
@@ -58,8 +61,8 @@ STAGES = {s.name: s for s in [
     Stage("asarm", "asarm", init_from="tiny_ar"),
 ]}
 
-# the distilled model the bench compares: round 1 (paper windows); round 2 (configs/
-# jacobi_forcing_r2.py) collapses into repetition at this size (README, Jacobi Forcing)
+# the distilled model the bench compares: round 1 (paper windows); round 2 (recipe
+# jacobi_forcing_r2) collapses into repetition at this size (README, Jacobi Forcing)
 JACOBI_FORCING = "jacobi_forcing_r1"
 
 
@@ -101,8 +104,8 @@ def ship(workdir: Path, dest: Path) -> None:
 class Build:
   """Where stages live and how to make them; `built` remembers what this run retrained."""
   cache: Path  # workdirs: cache / NAME
-  configs: Path  # the repository's configs/
-  shipped: Path  # the repository's checkpoints/
+  configs: Path  # the recipes (`paraflax/recipes/`, or resized copies)
+  shipped: Path  # params-only snapshots to start from (the clone's checkpoints/)
   retrain: bool = False
   ship: bool = False  # copy what was trained to `shipped`
   steps: int | None = None  # override every stage's training steps
@@ -165,19 +168,25 @@ def ensure(name: str, b: Build) -> Path:
   return workdir
 
 
-def run(models: suite.Models, s: suite.Settings, *, cache: Path = paths.CACHE, quick=False,
-        retrain=False, ship=False, steps=None, log=print) -> list:
-  """The tiny models (shipped or trained), a few completions, then the bench. `models.hf`
-  benches a local Hugging Face checkpoint instead; `quick` benches 4 prompts x 32 tokens.
-  Runs given in `models` replace the stages' own; the JSON goes to the cache by default."""
+def run(models: suite.Models, s: suite.Settings, *, cache: Path = paths.CACHE,
+        shipped: str | Path | None = None, quick=False, retrain=False, ship=False, steps=None,
+        log=print) -> list:
+  """The tiny models (copied from `shipped`, default `SHIPPED`, else trained), a few
+  completions, then the bench. `models.hf` benches a local Hugging Face checkpoint instead;
+  `quick` benches 4 prompts x 32 tokens. Runs given in `models` replace the stages' own; the
+  JSON goes to the cache by default."""
   if quick:
     s = dataclasses.replace(s, prompts=min(s.prompts, 4), max_new_tokens=min(s.max_new_tokens, 32))
   s = dataclasses.replace(s, json=s.json or str(cache / "demo" / "bench.json"))
   if models.hf:
     log(f"\n[demo] bench of the Hugging Face checkpoint {models.hf} on HumanEval prompts:")
     return suite.run(dataclasses.replace(models, workdir=None), s, log=log)
-  build = Build(cache=cache / "demo", configs=paths.CONFIGS, shipped=paths.SHIPPED,
-                retrain=retrain, ship=ship, steps=steps)
+  shipped = Path(shipped or SHIPPED)
+  if not retrain and not shipped.is_dir():
+    log(f"[demo] no shipped models in {shipped} (run from the repository's root, or give "
+        "--shipped DIR): training them")
+  build = Build(cache=cache / "demo", configs=RECIPES, shipped=shipped, retrain=retrain,
+                ship=ship, steps=steps)
   stage = lambda given, name: given or str(ensure(name, build))
   models = dataclasses.replace(
       models, workdir=str(ensure("tiny_ar", build)),

@@ -64,7 +64,7 @@ class DEER(Decoder):
     for name in ("mask_token_id", "sep_token_id"):
       if getattr(draft_cfg, name) is None:
         raise ValueError(f"diffusion drafting needs a DEER drafter: the draft model's "
-                         f"ModelConfig.{name} is None (train one with configs/deer_drafter.py)")
+                         f"ModelConfig.{name} is None (train one with the deer_drafter recipe)")
     self.sampler.validate()
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):

@@ -2,7 +2,7 @@
 (the AR model, a Jacobi Forcing round, TiDAR continual, DEER Stage I and II, an AR drafter),
 then every bench method against AR on the same prompts.
 
-The repository's recipes are written beside the run, resized: the stages of the AR model's
+The shipped recipes are written beside the run, resized: the stages of the AR model's
 architecture (`BASE`) to the shape, every stage to its `STEPS` (or the plan's); the demo's
 `ensure` trains each with its dependencies first (a stage's wall time includes theirs).
 """
@@ -40,7 +40,6 @@ class FamilyPlan:
 
 def write_recipes(plan: FamilyPlan, where: Path) -> Path:
   """Each stage's recipe, resized, as a config file under `where`."""
-  from paraflax.paths import CONFIGS
   where.mkdir(parents=True, exist_ok=True)
   model = {k: v for k, v in shape_fields(plan.shape).items() if k in ARCHITECTURE}
   for name, steps in STEPS.items():
@@ -52,10 +51,10 @@ def write_recipes(plan: FamilyPlan, where: Path) -> Path:
     if name in BASE:
       sets.update({f"model.{k}": v for k, v in model.items()})
     (where / f"{name}.py").write_text(
-        '"""Written by `paraflax perf family`: the repository recipe, resized."""\n'
+        '"""Written by `paraflax perf family`: the shipped recipe, resized."""\n'
         "from paraflax.training.config import apply_overrides, load_config\n\n\n"
         "def get_config():\n"
-        f"  return apply_overrides(load_config({str(CONFIGS / (name + '.py'))!r}),\n"
+        f"  return apply_overrides(load_config({name!r}),\n"
         f"                         {sets!r})\n")
   return where
 

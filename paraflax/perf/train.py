@@ -18,7 +18,7 @@ import numpy as np
 from paraflax.perf.shapes import attention_used, shape_fields
 from paraflax.training import flops
 
-# objective -> the recipe (configs/<name>.py) perf resizes
+# objective -> the recipe (`paraflax/recipes/<name>.py`) perf resizes
 RECIPES = {"ar": "tiny_ar", "jacobi_forcing": "jacobi_forcing_r1", "tidar": "tidar_scratch",
            "deer_stage1": "deer_drafter_stage1", "deer_stage2": "deer_drafter", "asarm": "asarm"}
 GIB = 2 ** 30
@@ -41,14 +41,13 @@ class TrainPlan:
 
 def recipe(objective: str, plan: TrainPlan, seq_len: int):
   """The objective's recipe at the plan's shape, batch, `seq_len` and run control."""
-  from paraflax.paths import CONFIGS
   from paraflax.training.config import apply_overrides, load_config
   control = {"attention": plan.attention, "remat": plan.remat, "scan_layers": plan.scan_layers}
   sets = {f"model.{k}": v for k, v in shape_fields(plan.shape, plan.layers).items()}
   sets.update({"model.dtype": plan.dtype, "model.param_dtype": "float32",
                "data.seq_len": seq_len, "data.batch_size": plan.batch,
                **{f"model.{k}": v for k, v in control.items() if v is not None}})
-  return apply_overrides(load_config(CONFIGS / f"{RECIPES[objective]}.py"), sets)
+  return apply_overrides(load_config(RECIPES[objective]), sets)
 
 
 def run_control(cfg) -> dict:
@@ -146,7 +145,7 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     peak = flops.peak_flops(device)
     row = add({"kind": "train", "shape": plan.shape, "dtype": plan.dtype,
                "layers": cfg.model.n_layers, "objective": name,
-               "recipe": f"configs/{RECIPES[name]}.py", "batch": plan.batch, "seq_len": seq,
+               "recipe": RECIPES[name], "batch": plan.batch, "seq_len": seq,
                **run_control(cfg), **r, "tokens_per_s": tokens_per_s,
                "flops_per_token": per_token, "tflops_per_s": per_token * tokens_per_s / 1e12,
                "mfu": flops.mfu(per_token * tokens_per_s, 1.0, peak=peak),

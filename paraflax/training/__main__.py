@@ -1,4 +1,4 @@
-"""`python -m paraflax.training --config configs/tiny_ar.py --workdir DIR [--steps N]`
+"""`python -m paraflax.training --config tiny_ar --workdir DIR [--steps N]`
 `[--hf HF_DIR] [--data FILE.jsonl ...] [--set NAME=VALUE ...] [--profile-steps A:B]`.
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
@@ -38,7 +38,8 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The flags of `paraflax train` and of this module."""
-  parser.add_argument("--config", required=True, help="Python file exposing get_config()")
+  parser.add_argument("--config", required=True, help="a recipe name (tiny_ar, hf/sft, ...: "
+                      "paraflax/recipes/) or a Python file exposing get_config()")
   parser.add_argument("--workdir", required=True, help="run directory (resumed if it exists)")
   parser.add_argument("--steps", type=int, default=None, help="override TrainConfig.steps")
   parser.add_argument("--max-steps", type=int, default=None,

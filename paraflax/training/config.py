@@ -1,6 +1,7 @@
 """Training configuration: frozen dataclasses, JSON round trip (schema-versioned), config files.
 
-A config file is a Python file exposing `get_config() -> TrainConfig` (see `configs/`).
+A config file is a Python file exposing `get_config() -> TrainConfig`; the shipped ones are
+recipes (`paraflax/recipes/`), loaded by name: `load_config("tiny_ar")`.
 Variants: `dataclasses.replace`, or `apply_overrides(cfg, {"optim.peak_lr": 1e-3})`
 (`overrides.py`). A config names its objective and its data source by their registered names
 (`objectives.py`, `data/source.py`) and imports no method.
@@ -12,7 +13,6 @@ import dataclasses
 import importlib.util
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from paraflax.data.pipeline import DataConfig
@@ -24,6 +24,7 @@ from paraflax.paths import resolve_path
 from paraflax.training import fields
 from paraflax.training.objectives import STEP, objective
 from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
+from paraflax.training.recipes import config_file
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 SCHEMA = 2  # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`)
@@ -281,11 +282,10 @@ def config_differences(saved: TrainConfig, given: TrainConfig) -> list[str]:
           for k in sorted(set(a) | set(b)) if k not in RUN_CONTROL and a.get(k) != b.get(k)]
 
 
-def load_config(path: str | os.PathLike) -> TrainConfig:
-  """Import a config file by path and return its `get_config()`."""
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"config file {str(path)!r} not found")
+def load_config(config: str | os.PathLike) -> TrainConfig:
+  """The `get_config()` of a config file, given by path or by recipe name ("tiny_ar",
+  "hf/sft": `recipes.py`)."""
+  path = config_file(config)
   spec = importlib.util.spec_from_file_location(f"paraflax_config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -1,7 +1,7 @@
 """`paraflax train --hf DIR --data FILE.jsonl`: a recipe config retargeted at a Hugging Face
 model and the user's data.
 
-    cfg = from_hf(load_config("configs/tidar_continual.py"), "~/models/qwen2.5-0.5b",
+    cfg = from_hf(load_config("tidar_continual"), "~/models/qwen2.5-0.5b",
                   ["train.jsonl"])
 
 The recipe gives the method (objective and its arguments, `mask_token_id` / `sep_token_id`

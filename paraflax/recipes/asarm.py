@@ -7,7 +7,7 @@ so one model serves both the 95%-masking generation task and single-line infilli
 is ~4% of a 256-token window). The paper's curriculum is `rate_start=(0.15, 0.15),
 rate_end=(0.85, 0.99), ramp_steps=5000`.
 
-    paraflax train --config configs/asarm.py --workdir runs/asarm
+    paraflax train --config asarm --workdir runs/asarm
 """
 
 import dataclasses

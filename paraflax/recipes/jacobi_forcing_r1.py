@@ -2,11 +2,11 @@
 
     paraflax collect-trajectories --workdir checkpoints/tiny_ar \\
         --out ~/.cache/paraflax/jf/r1_trajectories --block-size 16 --num-blocks 4 --examples 2048
-    paraflax train --config configs/jacobi_forcing_r1.py --workdir runs/jf_r1
+    paraflax train --config jacobi_forcing_r1 --workdir runs/jf_r1
 
 Noise window 16 as in the paper (section 4.1, block 16): Eq. 7's levels 0, 1/16, ..., 15/16, so
 one block in 16 is its own fixed point and the noisiest are as unconverged (~15/16) as the
-blocks Jacobi decoding meets. Round 2 (`configs/jacobi_forcing_r2.py`) collects block-32
+blocks Jacobi decoding meets. Round 2 (`jacobi_forcing_r2`) collects block-32
 trajectories from this model.
 """
 

@@ -3,7 +3,7 @@
 `<mask>` token (a new id whose rows start at the mean embedding), or reuses a reserved one:
 `--set data.mask_token='<|fim_pad|>'` (Qwen ships unused special tokens).
 
-    paraflax train --config configs/hf/tidar.py --workdir runs/tidar --hf ~/models/qwen2.5-0.5b \\
+    paraflax train --config hf/tidar --workdir runs/tidar --hf ~/models/qwen2.5-0.5b \\
         --data train.jsonl
 
 A doubled row costs about 2x an AR row: 1024 clean tokens per row here.

@@ -3,7 +3,7 @@ subset speculative decoding) and infilling: the two-stream model (one new query-
 on the lattice objective, masking rates ~ U[0.05, 0.99]. Not exportable to Hugging Face (no
 two-stream architecture there): bench it with `paraflax bench --asarm-workdir runs/asarm`.
 
-    paraflax train --config configs/hf/asarm.py --workdir runs/asarm --hf ~/models/qwen2.5-0.5b \\
+    paraflax train --config hf/asarm --workdir runs/asarm --hf ~/models/qwen2.5-0.5b \\
         --data train.jsonl
 """
 

@@ -1,7 +1,7 @@
 """TiDAR from scratch: `tiny_ar.py`'s model, data and schedule, trained with the "tidar"
 objective from random weights (alpha = 1, block sizes 4, 8, 16 drawn per row).
 
-    paraflax train --config configs/tidar_scratch.py --workdir runs/tidar_scratch
+    paraflax train --config tidar_scratch --workdir runs/tidar_scratch
 
 Each step costs ~2-4x an AR step (the doubled sequence), so expect ~1 h on 2 CPU cores.
 """

@@ -3,7 +3,7 @@ trajectories from your records' prompts (paper section 4.1: block 16, noise wind
 
     paraflax collect-trajectories --hf ~/models/qwen2.5-0.5b --data train.jsonl \\
         --out runs/jf_store --block-size 16 --num-blocks 8 --max-prompt-len 256 --examples 4096
-    paraflax train --config configs/hf/jacobi_forcing.py --workdir runs/jf \\
+    paraflax train --config hf/jacobi_forcing --workdir runs/jf \\
         --hf ~/models/qwen2.5-0.5b --set data_source_args.path=runs/jf_store
 
 The rows of the store are max_prompt_len + 2 x num_blocks x block_size = 512 tokens

@@ -6,9 +6,9 @@ One block per row costs about a causal Stage I step and trains 1/8 of the causal
 targets per step, so 8000 steps give as many supervised targets as the causal drafter's
 Stage II (1000 steps x 8 blocks): 27 min on 2 quiet cores.
 
-    paraflax train --config configs/deer_drafter_bidirectional_stage1.py \\
+    paraflax train --config deer_drafter_bidirectional_stage1 \\
         --workdir runs/deer_bidirectional_stage1
-    paraflax train --config configs/deer_drafter_bidirectional.py \\
+    paraflax train --config deer_drafter_bidirectional \\
         --workdir runs/deer_bidirectional
 """
 

@@ -6,9 +6,9 @@
 
     paraflax teacher-data --workdir checkpoints/tiny_ar --out ~/.cache/paraflax/deer/teacher \\
         --examples 8192 --answer-len 128
-    paraflax train --config configs/deer_drafter_stage1.py --workdir runs/deer_stage1
+    paraflax train --config deer_drafter_stage1 --workdir runs/deer_stage1
 
-Stage II: `configs/deer_drafter.py`; the small-AR-drafter baseline: `configs/ar_drafter.py`.
+Stage II: `deer_drafter`; the small-AR-drafter baseline: `ar_drafter`.
 Measured on 2 CPU cores shared with another job: the teacher store (8192 prompts of 32-96
 tokens, 128-token answers) takes ~4 min; 2000 steps of 16 rows take 12 min (~3.8 steps/s when
 the cores are free); validation loss 7.99 -> 2.48.

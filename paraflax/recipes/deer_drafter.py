@@ -12,8 +12,8 @@ serves its 32-token blocks). alpha = 1.06 keeps the paper's emphasis ratio over 
 trains: 1.06^15 ~ 2.4 from y_1 to y_16, as 1.01^95 ~ 2.6 over its 96 (1.01 over 16 tokens
 would be a flat 1.16).
 
-    paraflax train --config configs/deer_drafter_stage1.py --workdir runs/deer_stage1
-    paraflax train --config configs/deer_drafter.py --workdir runs/deer_drafter
+    paraflax train --config deer_drafter_stage1 --workdir runs/deer_stage1
+    paraflax train --config deer_drafter --workdir runs/deer_drafter
 Measured on 2 CPU cores: ~3x a Stage I step (rows of 224 + 8 x 17 slots); 1000 steps took 21 min
 while another training job shared the cores (~12 min alone, estimated); validation loss 3.16 -> 2.43.
 """

@@ -3,7 +3,7 @@ recipe of `deer_drafter_stage1.py` (same data, steps, keys and targets), but eve
 sees the whole prefix. The decoder then re-encodes the prefix at every draft (no drafter
 cache); the setting travels with the weights in config.json.
 
-    paraflax train --config configs/deer_drafter_bidirectional_stage1.py \\
+    paraflax train --config deer_drafter_bidirectional_stage1 \\
         --workdir runs/deer_bidirectional_stage1
 """
 

@@ -6,7 +6,7 @@ exactly `ANSWER_LEN` targets and the steps follow from DEER's count.
 
     paraflax teacher-data --workdir checkpoints/tiny_ar --out ~/.cache/paraflax/deer/teacher \\
         --examples 8192 --answer-len 128
-    paraflax train --config configs/ar_drafter.py --workdir runs/ar_drafter
+    paraflax train --config ar_drafter --workdir runs/ar_drafter
 Measured on 2 CPU cores shared with two other training jobs: 1033 steps took 15.5 min (~5 min
 alone, from the earlier 3000 steps in 14 min); validation loss 8.09 -> 0.92 (the earlier
 3000-step drafter, 2.9x DEER's targets, reached 0.58).

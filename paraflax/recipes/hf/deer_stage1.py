@@ -4,11 +4,11 @@ the verifier's greedy answers to your records' prompts. The drafter gains `<mask
 
     paraflax teacher-data --hf ~/models/qwen2.5-7b --data train.jsonl --out runs/deer_store \\
         --max-prompt-len 256 --answer-len 256 --examples 8192
-    paraflax train --config configs/hf/deer_stage1.py --workdir runs/deer1 \\
+    paraflax train --config hf/deer_stage1 --workdir runs/deer1 \\
         --hf ~/models/qwen2.5-0.5b --set data_source_args.path=runs/deer_store
 
 Rows are max_prompt_len + answer_len = 512 tokens (`data.seq_len`). Stage II:
-`configs/hf/deer_stage2.py`.
+`hf/deer_stage2`.
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """DEER drafter, Stage II: Stage I's drafter refined on decode-like blocks (Eq. 6 weights).
 
-    paraflax train --config configs/hf/deer_stage2.py --workdir runs/deer2 \\
+    paraflax train --config hf/deer_stage2 --workdir runs/deer2 \\
         --hf runs/deer1 --set data_source_args.path=runs/deer_store
     paraflax generate --hf ~/models/qwen2.5-7b --decoder deer --draft runs/deer2 --prompt ...
 

@@ -1,7 +1,7 @@
 """Tiny AR code model (1.3M params) on the standard-library corpus.
 
 The demo ships the checkpoint this config makes (`checkpoints/tiny_ar/`); reproduce it with
-    paraflax demo --retrain      (or: paraflax train --config configs/tiny_ar.py --workdir DIR)
+    paraflax demo --retrain      (or: paraflax train --config tiny_ar --workdir DIR)
 Measured on 2 CPU cores: ~7k tokens/s, so 2000 steps of 16 x 256 tokens take ~20 minutes.
 """
 

@@ -2,7 +2,7 @@
 the doubled sequence [clean | all-mask copy] (objective "tidar", alpha = 1), with block sizes
 4, 8 and 16 drawn per row so one model drafts at every block size the bench uses.
 
-    paraflax train --config configs/tidar_continual.py --workdir runs/tidar_continual
+    paraflax train --config tidar_continual --workdir runs/tidar_continual
 
 The parameter shapes are the AR model's (TiDAR adds no weights; mask id 2 is the tokenizer's
 reserved <mask>). A doubled row costs ~3x an AR row per token: ~2k clean tokens/s on 2 quiet

@@ -2,14 +2,14 @@
 the responses (prompt/response and chat records, under the model's chat template when it has
 one; `--set data_source_args.loss_on=all` for every token), every token of text records.
 
-    paraflax train --config configs/hf/sft.py --workdir runs/sft --hf ~/models/qwen2.5-0.5b \\
+    paraflax train --config hf/sft --workdir runs/sft --hf ~/models/qwen2.5-0.5b \\
         --data train.jsonl [--data more.jsonl]
 
 `--hf` replaces the placeholder model below by the checkpoint's architecture, weights and
 tokenizer (`paraflax/training/from_hf.py`); `--data` replaces the data files. Sized for one
 80 GB GPU at 0.5B-1.5B: 8 rows of 2048 tokens per step, bfloat16 compute on float32 weights,
 rematerialisation on (auto). Larger models: `--set mesh=(1,-1,1)` (FSDP over every device),
-`--set grad_accum=4` (4 micro-batches per step). The other `configs/hf/` recipes start here.
+`--set grad_accum=4` (4 micro-batches per step). The other `hf/` recipes start here.
 """
 
 import dataclasses

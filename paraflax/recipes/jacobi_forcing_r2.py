@@ -3,7 +3,7 @@ round-1 model, trained from it.
 
     paraflax collect-trajectories --workdir runs/jf_r1 \\
         --out ~/.cache/paraflax/jf/r2_trajectories --block-size 32 --num-blocks 2 --examples 2048
-    paraflax train --config configs/jacobi_forcing_r2.py --workdir runs/jf_r2
+    paraflax train --config jacobi_forcing_r2 --workdir runs/jf_r2
 
 Noise window 8 as in the paper (section 4.1, block 32): levels 0, 1/8, ..., 7/8.
 """

@@ -6,7 +6,7 @@ from paraflax.decoding.generate import generate, generate_steps
 from paraflax.decoding.infill import infill
 from paraflax.decoding.lattice import HOLE, InfillOutput
 from paraflax.decoding.state import GenerateOutput
-from paraflax.hf import convert_hf, export_hf, load_hf, load_hf_tokenizer
+from paraflax.hf import export_hf, load_hf, load_hf_tokenizer
 from paraflax.model import masks
 from paraflax.model.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.model.config import ModelConfig, RopeScaling
@@ -23,3 +23,11 @@ __all__ = [
     "masks", "methods", "sampling", "verify",
     "MeshConfig", "distributed", "make_mesh", "sharding",
 ]
+
+
+def __getattr__(name: str):
+  """`convert_hf` writes a training workdir: the training floor, imported on first use."""
+  if name == "convert_hf":
+    from paraflax.training.convert import convert_hf
+    return convert_hf
+  raise AttributeError(f"module 'paraflax' has no attribute {name!r}")

@@ -24,7 +24,8 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-  from paraflax.apps.generate import complete, read_prompts, show
+  from paraflax.apps.generate import complete, show
+  from paraflax.data.prompts import read_prompts
   prompts = read_prompts(args.prompt, args.prompts_file)
   show(*_call(functools.partial(complete, prompts), args), args.decoder, args.json)
 
@@ -104,8 +105,8 @@ def _collect_flags(q) -> None:
 
 
 def cmd_convert(args):
-  from paraflax import hf
-  info = hf.convert_hf(args.from_hf, args.out, overwrite=args.overwrite)
+  from paraflax.training.convert import convert_hf
+  info = convert_hf(args.from_hf, args.out, overwrite=args.overwrite)
   print(json.dumps({k: str(v) for k, v in info.items()}))
 
 

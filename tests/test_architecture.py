@@ -1,8 +1,10 @@
 """The package's shape: no import circles anywhere in `paraflax/` (imports anywhere in a file,
 module level or inside functions; a package `__init__` re-exporting its own children does not
-count), and no file under `decoding/` or `training/` of 400 lines or more.
+count), no import that goes up a floor or closes a loop between folders, and no file under
+`decoding/` or `training/` of 400 lines or more.
 
-`python tests/test_architecture.py` prints every circle of the whole package."""
+`python tests/test_architecture.py` prints every circle (of modules, of folders) and every
+import going up a floor."""
 
 import ast
 from pathlib import Path
@@ -17,25 +19,15 @@ def _module(path: Path, root: Path) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _call_time(tree: ast.AST) -> set[int]:
-  """ids of the import statements inside functions (run at call time, not on import)."""
-  return {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-          for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
-
-
-def import_graph(root: Path = ROOT, *, module_level: bool = False) -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
   """{module: the paraflax modules it imports}, every import statement in the file counted
-  (`module_level`: only those outside functions)."""
+  (module level and inside functions)."""
   files = {_module(p, root): p for p in sorted(root.rglob("*.py"))}
   graph = {}
   for name, path in files.items():
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets = set()
-    tree = ast.parse(path.read_text(), str(path))
-    skip = _call_time(tree) if module_level else set()
-    for node in ast.walk(tree):
-      if id(node) in skip:
-        continue
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
       if isinstance(node, ast.Import):
         for alias in node.names:
           parts = alias.name.split(".")
@@ -106,19 +98,13 @@ def test_no_import_circles_in_paraflax():
   assert found == [], found
 
 
-# docs/architecture.md's floors (foundation modules: 0); a module imports its floor or below
-FLOORS = {"paraflax.data": 1, "paraflax.decoding": 2, "paraflax.decoders": 2,
-          "paraflax.methods": 2, "paraflax.training": 3, "paraflax.hf": 4, "paraflax.loading": 5,
-          "paraflax.training.from_hf": 5, "paraflax.evaluation": 6, "paraflax.perf": 6, "paraflax.cli": 7,
-          "paraflax": 8}
-# the imports inside functions that go up, each reading a Hugging Face directory (the doc
-# names them): nothing else may
-CALL_TIME_UP = {("paraflax.data.tokenizer_roles", "paraflax.data.chat"),
-                ("paraflax.data.text", "paraflax.data.chat"),
-                ("paraflax.training.workdir", "paraflax.hf"),
-                ("paraflax.training.collect", "paraflax.hf"),
-                ("paraflax.training.collect", "paraflax.data.chat"),
-                ("paraflax.training.__main__", "paraflax.training.from_hf")}
+# docs/architecture.md's floors (loose foundation modules: 0); a module imports its floor or
+# below, at module level and inside functions alike (a lazy import points down too)
+FLOORS = {"paraflax.parallel": 0, "paraflax.model": 1, "paraflax.data": 2,
+          "paraflax.decoding": 3, "paraflax.decoders": 3, "paraflax.methods": 3, "paraflax.hf": 3,
+          "paraflax.training": 4, "paraflax.loading": 5, "paraflax.recipes": 5,
+          "paraflax.evaluation": 6, "paraflax.perf": 7, "paraflax.apps": 8, "paraflax.cli": 9,
+          "paraflax": 10}
 
 
 def floor_of(module: str) -> int:
@@ -132,12 +118,41 @@ def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
   return {(a, b) for a, targets in graph.items() for b in targets if floor_of(b) > floor_of(a)}
 
 
+def folder_of(module: str) -> str:
+  """The folder a module lives in (`paraflax.training.step` -> `paraflax.training`); a loose
+  module is a folder of its own."""
+  parts = module.split(".")
+  return ".".join(parts[:2]) if (ROOT.parent / Path(*parts[:2])).is_dir() else module
+
+
+def folders(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+  """The import graph between folders (imports inside a folder dropped)."""
+  out = {}
+  for a, targets in graph.items():
+    out.setdefault(folder_of(a), set()).update(folder_of(b) for b in targets)
+  return {f: targets - {f} for f, targets in out.items()}
+
+
 @pytest.mark.fast
-def test_imports_go_down_the_floors_but_the_named_call_time_ones():
-  assert floor_of("paraflax.model.masks") == 0 and floor_of("paraflax.data.chat") == 4
-  assert upward({"paraflax.model.masks": {"paraflax.cli"}}) == {("paraflax.model.masks", "paraflax.cli")}
-  assert upward(import_graph(module_level=True)) == set()
-  assert upward(import_graph()) == CALL_TIME_UP
+def test_no_import_goes_up_a_floor_at_module_level_or_inside_a_function():
+  assert floor_of("paraflax.model.masks") == 1 and floor_of("paraflax.hf.load") == 3
+  assert floor_of("paraflax.json_io") == 0 and floor_of("paraflax.recipes.hf.sft") == 5
+  assert upward({"paraflax.model.masks": {"paraflax.cli"}}) == {("paraflax.model.masks",
+                                                                 "paraflax.cli")}
+  graph = import_graph()
+  assert "paraflax.hf" in graph["paraflax.training.workdir"]  # an import inside a function
+  assert upward(graph) == set()
+
+
+@pytest.mark.fast
+def test_no_loop_between_folders():
+  assert folder_of("paraflax.training.step") == "paraflax.training"
+  assert folder_of("paraflax.recipes.hf.sft") == "paraflax.recipes"
+  assert folder_of("paraflax.json_io") == "paraflax.json_io"
+  graph = folders(import_graph())
+  assert {"paraflax.model", "paraflax.parallel", "paraflax.apps"} <= set(graph)
+  assert "paraflax.parallel" in graph["paraflax.model"]
+  assert circles(graph) == []
 
 
 @pytest.mark.fast
@@ -150,5 +165,8 @@ def test_files_in_the_growing_floors_stay_small(floor):
 
 
 if __name__ == "__main__":
-  for c in circles(import_graph()):
+  graph = import_graph()
+  for c in circles(graph) + circles(folders(graph)):
     print(len(c), " ".join(c))
+  for a, b in sorted(upward(graph)):
+    print("up a floor:", a, "->", b)

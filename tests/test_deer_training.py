@@ -365,25 +365,23 @@ def test_drafter_configs():
 def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
   """ensure("deer_drafter") generates tiny_ar's teacher store once, trains Stage I then Stage II
   from it; ensure("ar_drafter") reuses the store."""
-  from paraflax import training
-  from paraflax.apps import demo
-  from paraflax.training import collect
+  from paraflax.training import family
   calls = []
 
   def fake_train(config, workdir, steps=None, overrides=None):
     calls.append(("train", Path(config).stem, dict(overrides or {})))
     (Path(workdir) / "checkpoints" / "1").mkdir(parents=True)
 
-  monkeypatch.setattr(training, "train_from_config_path", fake_train)
-  monkeypatch.setattr(collect, "teacher_data", lambda src, out, cfg: calls.append(
+  monkeypatch.setattr(family, "train_from_config_path", fake_train)
+  monkeypatch.setattr(family, "teacher_data", lambda src, out, cfg: calls.append(
       ("teacher", Path(src).name, Path(out).name, cfg)))
-  b = demo.Build(cache=tmp_path, configs=RECIPES, shipped=tmp_path / "none")
-  demo.ensure("deer_drafter", b)
-  demo.ensure("ar_drafter", b)
+  b = family.Build(cache=tmp_path, configs=RECIPES, shipped=tmp_path / "none")
+  family.ensure("deer_drafter", b)
+  family.ensure("ar_drafter", b)
   store = str(tmp_path / "tiny_ar_teacher")
   assert calls == [
       ("train", "tiny_ar", {}),
-      ("teacher", "tiny_ar", "tiny_ar_teacher", demo.TEACHER),
+      ("teacher", "tiny_ar", "tiny_ar_teacher", family.TEACHER),
       ("train", "deer_drafter_stage1", {"data_source_args.path": store}),
       ("train", "deer_drafter", {"init_from": str(tmp_path / "deer_drafter_stage1"),
                                  "data_source_args.path": store}),
@@ -394,22 +392,22 @@ def test_demo_stages_share_one_teacher_store(tmp_path, monkeypatch):
 def test_demo_recopies_a_shipped_model_only_when_it_was_reshipped(tmp_path):
   """A copy of a shipped model (params only) is replaced once checkpoints/ holds a newer save
   (a git pull); an unchanged one, and a model trained in the cache (with opt_state), are kept."""
-  from paraflax.apps import demo
+  from paraflax.training import family
   shipped, cache = tmp_path / "shipped", tmp_path / "cache"
   save = lambda name, meta: (shipped / name / "checkpoints" / "7").mkdir(parents=True) or (
       shipped / name / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text(meta)
   save("tiny_ar", "save 1")
   (cache / "asarm" / "checkpoints" / "3" / "opt_state").mkdir(parents=True)  # trained here
   save("asarm", "shipped asarm")
-  build = lambda: demo.Build(cache=cache, configs=RECIPES, shipped=shipped)
+  build = lambda: family.Build(cache=cache, configs=RECIPES, shipped=shipped)
   local = lambda name: cache / name / "local.txt"
-  demo.ensure("tiny_ar", build())
+  family.ensure("tiny_ar", build())
   local("tiny_ar").write_text("kept while unchanged")
   local("asarm").write_text("trained here")
-  demo.ensure("tiny_ar", build()), demo.ensure("asarm", build())
+  family.ensure("tiny_ar", build()), family.ensure("asarm", build())
   assert local("tiny_ar").is_file() and local("asarm").is_file()
   (shipped / "tiny_ar" / "checkpoints" / "7" / "_CHECKPOINT_METADATA").write_text("save 2")
-  demo.ensure("tiny_ar", build()), demo.ensure("asarm", build())
+  family.ensure("tiny_ar", build()), family.ensure("asarm", build())
   assert not local("tiny_ar").exists() and local("asarm").is_file()
   assert (cache / "tiny_ar" / "checkpoints" / "7" / "_CHECKPOINT_METADATA").read_text() == "save 2"
 

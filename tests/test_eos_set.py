@@ -16,7 +16,8 @@ from paraflax.data.chat import chat_template
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.decoding import checks
 from paraflax.decoding.generate import TRACES
-from paraflax.hf import convert_hf, export_hf, load_hf_tokenizer
+from paraflax.hf import export_hf, load_hf_tokenizer
+from paraflax.training.convert import convert_hf
 
 PROMPTS = [[3, 6, 9], [40, 41, 42, 43, 44, 45, 0, 1, 2], [11], [5, 9, 30, 7, 5, 22]]
 N = 16

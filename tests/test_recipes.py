@@ -4,6 +4,7 @@ installs) finds them."""
 
 import fnmatch
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -58,11 +59,11 @@ def test_the_wheel_ships_every_recipe_folder():
 def test_the_package_alone_finds_its_recipes(tmp_path):
   """A copy of `paraflax/` with no checkout around it (as installed) loads a recipe by name,
   one recipe loading another included."""
-  import shutil
   shutil.copytree(RECIPES.parent, tmp_path / "site" / "paraflax",
                   ignore=shutil.ignore_patterns("__pycache__"))
   code = ("import paraflax\nfrom paraflax.training import load_config\n"
-          "print(paraflax.__file__, load_config('hf/sft').data_source, load_config('tiny_ar').steps)")
+          "print(paraflax.__file__, load_config('hf/sft').data_source,"
+          " load_config('tiny_ar').steps)")
   env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
   out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
                        capture_output=True, text=True).stdout

@@ -18,11 +18,12 @@ from flax import nnx
 from paraflax import cli
 from paraflax.data.pipeline import prepare_stdlib
 from paraflax.data.tokenizer import train_tokenizer
-from paraflax.hf import convert_hf, export_hf
+from paraflax.hf import export_hf
 from paraflax.training import apply_overrides, load_config, train, train_from_config_path
 from paraflax.training import teacher as tch
 from paraflax.training.__main__ import main as training_main
 from paraflax.training.config import config_differences, with_resolved_paths
+from paraflax.training.convert import convert_hf
 from paraflax.training.trainer import init_params
 
 ROOT = Path(__file__).resolve().parent.parent

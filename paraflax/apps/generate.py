@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 
 import jax
 
 from paraflax import methods
-from paraflax.data.jsonl import json_lines
+from paraflax.data.prompts import prompt_ids, prompt_text
 from paraflax.decoding.generate import generate
 from paraflax.evaluation.methods import sampler_from_flags
 from paraflax.loading import load_drafter, load_model
@@ -39,26 +38,6 @@ class Completion:
     drafted = "" if self.draft_forwards is None else f", {self.draft_forwards} drafter forwards"
     return (f"{r['tokens']} tokens: {self.forwards} forwards after the prefill + 1 prefill, "
             f"{r['tokens_per_forward']:.2f} tokens/forward (prefill included){drafted}")
-
-
-def read_prompts(prompt=(), prompts_file=None) -> list:
-  """The `--prompt` texts, then the records of the JSONL `prompts_file`: a `prompt` text, or
-  chat `messages` ([{"role", "content"}, ...])."""
-  prompts = list(prompt or ())
-  if prompts_file and not os.path.isfile(prompts_file):
-    raise FileNotFoundError(f"--prompts-file {prompts_file!r} not found")
-  for where, record in json_lines(prompts_file) if prompts_file else ():
-    value = record.get("prompt", record.get("messages")) if isinstance(record, dict) else None
-    if not isinstance(value, (str, list)):
-      raise ValueError(f"{where}: expected a JSON object with \"prompt\" (a text) or "
-                       "\"messages\" (a chat)")
-    prompts.append(value)
-  if prompts_file and len(prompts) == len(prompt or ()):
-    raise ValueError(f"--prompts-file {prompts_file!r} holds no records: one JSON object per "
-                     "line, {\"prompt\": TEXT} or {\"messages\": [...]}")
-  if not prompts:
-    raise ValueError("no prompt: give --prompt TEXT or --prompts-file FILE.jsonl")
-  return prompts
 
 
 def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block_size=None,
@@ -93,26 +72,6 @@ def complete(prompts: list, *, workdir=None, hf=None, decoder: str = "ar", block
   return [Completion(p, tok.decode(r), r, int(out.forwards[i]),
                      int(out.draft_forwards[i]) if draft else None)
           for i, (p, r) in enumerate(zip(texts, rows))], seconds
-
-
-def prompt_text(prompt, chat: bool, path) -> str:
-  """The text a prompt is: a text as given, or (as a user turn with `chat`) chat messages
-  under the chat template of the model directory `path`, the assistant's turn opened."""
-  if not chat and isinstance(prompt, str):
-    return prompt
-  from paraflax.data.chat import chat_prompt
-  return chat_prompt(path, [{"role": "user", "content": prompt}] if chat else prompt)
-
-
-def prompt_ids(prompt, chat: bool, tok, encode, path) -> list[int]:
-  """Token ids of a text (as a user turn with `chat`) or of chat messages (the template's)."""
-  if chat or not isinstance(prompt, str):  # the template writes BOS
-    ids = tok.backend.encode(prompt_text(prompt, chat, path), add_special_tokens=False).ids
-  else:
-    ids = encode(prompt)
-  if not ids:
-    raise ValueError(f"the prompt {prompt!r} encodes to no tokens: give some text")
-  return ids
 
 
 def show(done: list[Completion], seconds: float, decoder: str, as_json: bool = False) -> None:

@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from paraflax.data import corpus
+from paraflax.data.chat import ChatTemplate
 from paraflax.data.jsonl import ChatRecord, read_records
 from paraflax.data.pipeline import (
   Data,
@@ -125,7 +126,6 @@ class JsonlData:
     if tok is None:
       tok = documents_tokenizer([r.text for r in train], data, name="jsonl")
     else:
-      from paraflax.data.chat import ChatTemplate
       template = ChatTemplate.of(os.path.expanduser(data.tokenizer))
     encoder = RecordEncoder(tok, template, loss_on=self.loss_on, chat=self.chat)
     streams = [record_streams(rs, encoder, data.cache_dir, progress=data.progress,

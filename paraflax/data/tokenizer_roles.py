@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import tokenizers
 from etils import epath
 
+from paraflax.data.chat import chat_template
 from paraflax.json_io import read_json_object, write_json
 
 GENERATION_CONFIG = "generation_config.json"
@@ -74,13 +75,8 @@ def read_roles(root: str | epath.PathLike, backend: tokenizers.Tokenizer) -> Rol
       tokens[role] = backend.id_to_token(ids[0])
   split = tok.get("split_special_tokens")
   return Roles(tokens=tokens, eos_ids=tuple(_first(configs("eos"), backend)),
-               chat_template=_chat_template(root),
+               chat_template=chat_template(root),
                split_special_tokens=split if isinstance(split, bool) else None)
-
-
-def _chat_template(root: epath.Path) -> str | None:
-  from paraflax.data.chat import chat_template  # lazily: paraflax.hf imports this package
-  return chat_template(root)
 
 
 def _update(file: epath.Path, values: Mapping) -> None:

@@ -8,8 +8,8 @@ import dataclasses
 
 import numpy as np
 
-from paraflax.apps.generate import prompt_ids, read_prompts
 from paraflax.data.humaneval import load_humaneval
+from paraflax.data.prompts import prompt_ids, read_prompts
 from paraflax.evaluation import bench
 from paraflax.evaluation import infill_bench as ib
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts

@@ -62,17 +62,17 @@ def write_recipes(plan: FamilyPlan, where: Path) -> Path:
 @contextlib.contextmanager
 def demo_sizes(examples: int | None):
   """The demo's stages with `examples` trajectories and teacher answers while inside (None:
-  the demo's own); `demo.ensure` reads both module tables when it runs."""
-  from paraflax.apps import demo
-  old = demo.STAGES, demo.TEACHER
+  the demo's own); `family.ensure` reads both module tables when it runs."""
+  from paraflax.training import family
+  old = family.STAGES, family.TEACHER
   if examples:
-    demo.STAGES = {n: s if s.collect is None else dataclasses.replace(
+    family.STAGES = {n: s if s.collect is None else dataclasses.replace(
         s, collect=dataclasses.replace(s.collect, examples=examples)) for n, s in old[0].items()}
-    demo.TEACHER = dataclasses.replace(old[1], examples=examples)
+    family.TEACHER = dataclasses.replace(old[1], examples=examples)
   try:
     yield
   finally:
-    demo.STAGES, demo.TEACHER = old
+    family.STAGES, family.TEACHER = old
 
 
 def bench_prompts(encode, tok, n: int) -> tuple[list, str]:
@@ -91,7 +91,7 @@ def bench_prompts(encode, tok, n: int) -> tuple[list, str]:
 def run(plan: FamilyPlan, add, log) -> list[str]:
   """Train the stages (one row each), then bench every method their models allow (one row
   each). Errors propagate: a stage that fails leaves nothing to bench."""
-  from paraflax.apps import demo
+  from paraflax.training import family
   from paraflax.evaluation.bench import run_bench
   from paraflax.evaluation.methods import bench_methods
   from paraflax.loading import load_drafter, load_model, load_related
@@ -102,14 +102,14 @@ def run(plan: FamilyPlan, add, log) -> list[str]:
   cache = Path(plan.out)
   if cache.exists() and any(cache.iterdir()):  # it trains from scratch: nothing to reuse
     raise ValueError(f"{cache} is not empty: name a new directory with --out")
-  build = demo.Build(cache=cache, configs=write_recipes(plan, cache / "configs"),
+  build = family.Build(cache=cache, configs=write_recipes(plan, cache / "configs"),
                      shipped=cache / "none", retrain=True)
   head = {"kind": "family", "shape": plan.shape,
           "dtype": load_config(build.configs / "tiny_ar.py").model.dtype}
   with demo_sizes(plan.examples):
     for name in [s for s in STEPS if s in plan.stages]:  # dependency order
       t0 = time.perf_counter()
-      metrics = read_metrics(demo.ensure(name, build))[::-1]
+      metrics = read_metrics(family.ensure(name, build))[::-1]
       last = {k: next((m[k] for m in metrics if k in m), None)
               for k in ("loss", "val_loss", "tokens_per_s")}
       add({**head, "stage": name, "steps": plan.steps or STEPS[name],
@@ -118,7 +118,7 @@ def run(plan: FamilyPlan, add, log) -> list[str]:
       log(f"[family] trained {name}: {time.perf_counter() - t0:.1f} s")
   model, tok, encode = load_model(cache / "tiny_ar")
   others = {w: load_related(cache / s, tok, model.cfg.vocab_size, w)
-            for w, s in (("jf", demo.JACOBI_FORCING), ("tidar", "tidar_continual"))
+            for w, s in (("jf", family.JACOBI_FORCING), ("tidar", "tidar_continual"))
             if s in plan.stages}
   drafters = {k: load_drafter(cache / s, None, tok, model)  # (drafter, vocab)
               for k, s in (("deer", "deer_drafter"), ("ar_drafter", "ar_drafter"))

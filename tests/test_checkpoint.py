@@ -15,10 +15,10 @@ import pytest
 from flax import nnx
 
 from paraflax import cli
-from paraflax.apps.demo import ship
 from paraflax.training import load_config, load_trained, optim, train
 from paraflax.training.checkpoint import CheckpointReadError, Checkpoints, verify_step
 from paraflax.training.checksums import ChecksumError, ChecksumWarning
+from paraflax.training.family import ship
 from paraflax.training.trainer import init_opt_state, init_params
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@ from paraflax.hf import export_hf, load_hf, load_hf_tokenizer
 from paraflax.model import masks
 from paraflax.model.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.model.config import ModelConfig, RopeScaling
+from paraflax.model.run import RunControl
 from paraflax.model.transformer import Queries, Transformer
 from paraflax.parallel import distributed, sharding
 from paraflax.parallel.sharding import MeshConfig, make_mesh
@@ -17,7 +18,7 @@ from paraflax.sampling import Greedy, Temperature, TopK, TopP
 
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",
-    "Queries", "RopeScaling", "Temperature", "TopK", "TopP", "Transformer", "commit",
+    "Queries", "RopeScaling", "RunControl", "Temperature", "TopK", "TopP", "Transformer", "commit",
     "convert_hf", "decoders", "export_hf", "generate", "generate_fn", "generate_steps", "infill",
     "init_cache", "load_hf", "load_hf_tokenizer",
     "masks", "methods", "sampling", "verify",

@@ -37,7 +37,7 @@ def decode(impl: str, s: int, t: int, dtype, repeats: int) -> float:
   ck, cv = (jax.random.normal(x, (1, s, HKV, D), dtype) for x in ks[3:])
   mask = masks.decode(jnp.array([s]), s, t)
   fn = jax.jit(lambda q, k, v, ck, cv, m: attention.attend(
-      q, k, v, m, implementation=impl, cache_kv=(ck, cv)))
+      q, k, v, m, attention=impl, cache_kv=(ck, cv)))
   return 1e3 * _time(fn, q, k, v, ck, cv, mask, repeats=repeats)
 
 
@@ -49,7 +49,7 @@ def train(impl: str, t: int, dtype, repeats: int) -> tuple[float, float]:
   mask = masks.causal(jnp.array([t]), t)
 
   def loss(q, k, v, m):
-    return jnp.sum(attention.attend(q, k, v, m, implementation=impl).astype(jnp.float32) ** 2)
+    return jnp.sum(attention.attend(q, k, v, m, attention=impl).astype(jnp.float32) ** 2)
 
   fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   temp = fn.lower(q, k, v, mask).compile().memory_analysis().temp_size_in_bytes

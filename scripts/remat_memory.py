@@ -1,4 +1,4 @@
-"""XLA temporaries of one jitted AR value_and_grad step per `ModelConfig.remat` policy,
+"""XLA temporaries of one jitted AR value_and_grad step per `RunControl.remat` policy,
 with the layers unrolled (a Python loop) and scanned (`scan_layers=True`).
 
 Abstract shapes only (nothing is allocated or run):
@@ -8,7 +8,6 @@ Abstract shapes only (nothing is allocated or run):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 import jax
@@ -16,13 +15,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 import paraflax as pf
-from paraflax.model.config import REMAT
+from paraflax.model.run import REMAT
 from paraflax.training.ar import ar
 
 
-def temp_bytes(cfg: pf.ModelConfig, batch: int, seq: int) -> int:
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0))),
-                               nnx.Param)
+def temp_bytes(cfg: pf.ModelConfig, run: pf.RunControl, batch: int, seq: int) -> int:
+  graphdef, params = nnx.split(
+      nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0), run=run)), nnx.Param)
   tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
   def step(p, tokens):
@@ -47,7 +46,7 @@ def main():
   out = {"backend": jax.default_backend(), **vars(a)}
   for scan in (False, True):
     for remat in REMAT:
-      b = temp_bytes(dataclasses.replace(cfg, remat=remat, scan_layers=scan), a.batch, a.seq)
+      b = temp_bytes(cfg, pf.RunControl(remat=remat, scan_layers=scan), a.batch, a.seq)
       out[f"temp_MiB_{'scan' if scan else 'loop'}_{remat}"] = round(b / 2**20, 1)
       print(f"scan_layers={scan!s:5s} remat={remat:13s} temp {b / 2**20:9.1f} MiB", flush=True)
   print(json.dumps(out))

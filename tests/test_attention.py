@@ -110,8 +110,7 @@ def _both(mask, seed):
 
   def run(impl):
     def f(q, k, v, ck, cv):
-      out = attention.attend(q, k, v, mask, implementation=impl,
-                             cache_kv=(ck, cv) if s else None)
+      out = attention.attend(q, k, v, mask, attention=impl, cache_kv=(ck, cv) if s else None)
       return jnp.sum(out * w), out
     (_, out), grads = jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True)(
         q, *kv, *cache)
@@ -143,7 +142,7 @@ def _inputs(mask, seed=0):
           *(r.standard_normal((b, t, HKV, D), np.float32) for _ in range(2)))
 
 
-_dense = jax.jit(functools.partial(attention.attend, implementation="xla"))
+_dense = jax.jit(functools.partial(attention.attend, attention="xla"))
 
 
 def test_fully_masked_row_is_the_mean_of_all_values():
@@ -188,19 +187,22 @@ def test_auto_rule():
 
 
 def test_bad_value_is_one_clear_line():
-  with pytest.raises(ValueError, match=r"attention must be one of auto, xla, xla_chunked") as e:
-    pf.ModelConfig(**MICRO, attention="flash")
+  with pytest.raises(ValueError, match=r"run.attention must be one of auto, xla, xla_chunked"
+                     ) as e:
+    pf.RunControl(attention="flash")
   assert "\n" not in str(e.value)
-  with pytest.raises(ValueError, match="attention must be one of"):
-    attention.check("dense")
+  with pytest.raises(ValueError, match=r"ModelConfig takes no attention: it is run control now, "
+                     r"RunControl\(attention=...\)") as e:
+    pf.ModelConfig(**MICRO, attention="xla")  # the keyword of schema 2
+  assert "\n" not in str(e.value)
 
 
 def test_setting_is_run_control_and_not_in_hf_configs():
   cfg = load_config("micro_ar")
-  other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention="xla_chunked"))
+  other = dataclasses.replace(cfg, run=pf.RunControl(attention="xla_chunked"))
   assert config_differences(cfg, other) == []
   old = cfg.to_dict()
-  del old["model"]["attention"]  # a config saved before the setting existed
+  del old["run"]["attention"]  # a config saved before the setting existed
   assert TrainConfig.from_dict(old) == cfg and config_differences(TrainConfig.from_dict(old),
                                                                   other) == []
   hf = hf_config_from_model(other.model)
@@ -223,7 +225,7 @@ def test_model_forward_chunked_equals_dense():
   queries = Queries(pos + 1, mask.at[:, :, 17:].set(False))
   logits = {}
   for impl in ("xla", "xla_chunked"):
-    model = pf.Transformer(dataclasses.replace(cfg, attention=impl), rngs=nnx.Rngs(0))
+    model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=pf.RunControl(attention=impl))
     logits[impl] = nnx.jit(lambda m, *a: m(*a[:4], queries=a[4])[0])(
         model, tokens, pos, mask, cache, queries)
   np.testing.assert_allclose(logits["xla_chunked"], logits["xla"], atol=1e-5, rtol=1e-5)

@@ -28,7 +28,7 @@ from paraflax.training.flops import (
 )
 
 CFG = pf.ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256,
-                     max_seq_len=128, attention="xla", mask_token_id=2, sep_token_id=3)
+                     max_seq_len=128, mask_token_id=2, sep_token_id=3)
 MASK, SEP = 2, 3
 
 

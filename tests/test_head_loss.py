@@ -1,8 +1,7 @@
-"""Chunked head losses (`head_loss.py`, `ModelConfig.loss_chunk`): every objective's loss,
+"""Chunked head losses (`head_loss.py`, `RunControl.loss_chunk`): every objective's loss,
 metrics and gradients with a chunk that does not divide the row equal the whole-row path, and
 the chunked step's temporaries stay far below the full-logits figure at a large vocabulary."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +24,12 @@ def _params(**overrides):
   return nnx.split(pf.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
 
-def _graphdef(**overrides):
-  """The graphdef of a model config, built abstractly (nothing computed)."""
+def _graphdef(run: pf.RunControl, **overrides):
+  """The graphdef of a model config computed as `run` says, built abstractly (nothing
+  computed)."""
   cfg = pf.ModelConfig(**{**MICRO, **overrides})
-  return nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)[0]
+  return nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0), run=run)),
+                   nnx.Param)[0]
 
 
 def _teacher_rows():
@@ -66,7 +67,7 @@ def test_chunked_loss_and_gradients_equal_the_whole_row(name):
   args, overrides, batch = CASES[name]
   loss_fn = get_objective(name.removesuffix("_hard"), args)
   graphdef, params = _params(**overrides)
-  chunked = _graphdef(**overrides, loss_chunk=5)
+  chunked = _graphdef(pf.RunControl(loss_chunk=5), **overrides)
 
   @jax.jit
   def run(p):
@@ -91,13 +92,13 @@ def test_chunked_step_temporaries_are_far_below_the_full_logits():
   batch = {"tokens": jax.ShapeDtypeStruct((1, 256), jnp.int32)}
   loss_fn = get_objective("ar")
 
-  def temp(model_cfg):
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: pf.Transformer(model_cfg,
-                                                                       rngs=nnx.Rngs(0))))
+  def temp(run):
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0),
+                                                                       run=run)))
     grad = jax.grad(lambda p, b: loss_fn(nnx.merge(graphdef, p), b, None)[0])
     return jax.jit(grad).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
 
-  full, chunked = temp(cfg), temp(dataclasses.replace(cfg, loss_chunk=16))
+  full, chunked = temp(pf.RunControl()), temp(pf.RunControl(loss_chunk=16))
   assert full > 2 * 64 * 2**20  # logits and their gradient
   assert chunked < 0.2 * full, (chunked, full)
 
@@ -107,13 +108,13 @@ def test_auto_chunk_takes_the_row_while_logits_are_small():
   assert head_loss.chunk_size(None, 1, 4096, 151936) == 410  # 10 chunks of <= 256 MiB
   assert head_loss.chunk_size(7, 2, 5, 48) == 5
   with pytest.raises(ValueError, match="loss_chunk must be an int >= 1 or None"):
-    pf.ModelConfig(**MICRO, loss_chunk=0)
+    pf.RunControl(loss_chunk=0)
 
 
 def test_loss_chunk_is_run_control_and_settable():
   cfg = load_config("micro_ar")
-  other = apply_overrides(cfg, {"model.loss_chunk": "64"})
-  assert other.model.loss_chunk == 64 and config_differences(cfg, other) == []
+  other = apply_overrides(cfg, {"run.loss_chunk": "64"})
+  assert other.run.loss_chunk == 64 and config_differences(cfg, other) == []
   old = cfg.to_dict()
-  del old["model"]["loss_chunk"]  # a config saved before the setting existed
+  del old["run"]["loss_chunk"]  # a config saved before the setting existed
   assert pf.training.TrainConfig.from_dict(old) == cfg

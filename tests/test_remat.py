@@ -1,4 +1,4 @@
-"""Per-layer remat and scanned layers (`ModelConfig.remat`, `scan_layers`): the same loss and
+"""Per-layer remat and scanned layers (`RunControl.remat`, `scan_layers`): the same loss and
 gradients as the plain model (AR, the AS-ARM query stream, a cached forward), the same
 `generate` output; both are run control."""
 
@@ -14,7 +14,6 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax.model import masks
-from paraflax.model.transformer import remat_policy, scans
 from paraflax.training import load_config
 from paraflax.training.ar import ar
 from paraflax.training.asarm import asarm_loss
@@ -30,8 +29,8 @@ VARIANTS = [dict(remat="full", scan_layers=False), dict(remat="full"),  # "auto"
 def variant(model, **settings):
   """`model`'s weights in a model with other run-control `settings` (remat, scan_layers)."""
   graphdef, state = nnx.split(model)
-  other = nnx.eval_shape(lambda: pf.Transformer(
-      dataclasses.replace(model.cfg, **settings), rngs=nnx.Rngs(0)))
+  other = nnx.eval_shape(lambda: pf.Transformer(model.cfg, rngs=nnx.Rngs(0),
+                                                run=pf.RunControl(**settings)))
   return nnx.merge(nnx.graphdef(other), state)
 
 
@@ -91,20 +90,19 @@ def test_generate_is_unchanged_by_remat_and_scan(settings):
 @pytest.mark.fast
 def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
   cfg = load_config("micro_ar")
-  other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
-                                                             scan_layers=True))
+  other = dataclasses.replace(cfg, run=pf.RunControl(remat="full", scan_layers=True))
   assert config_differences(cfg, other) == []  # a run may resume with other settings
   # the same parameter tree: checkpoints, HF load/export and sharding rules are unchanged
   def params(**settings):
-    model = nnx.eval_shape(lambda: pf.Transformer(pf.ModelConfig(**MICRO, **settings),
-                                                  rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: pf.Transformer(pf.ModelConfig(**MICRO), rngs=nnx.Rngs(0),
+                                                  run=pf.RunControl(**settings)))
     return jax.tree.flatten_with_path(jax.tree.map(lambda a: a.shape, nnx.state(model)))
   assert params(remat="full", scan_layers=True) == params()
-  with pytest.raises(ValueError, match=r"ModelConfig.remat must be one of \['auto', 'none', "
+  with pytest.raises(ValueError, match=r"run.remat must be one of \['auto', 'none', "
                      r"'full', 'save_matmuls'\], got 'dots'"):
-    pf.ModelConfig(**MICRO, remat="dots")
+    pf.RunControl(remat="dots")
   with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 1"):
-    pf.ModelConfig(**MICRO, scan_layers=1)
+    pf.RunControl(scan_layers=1)
 
 
 @pytest.mark.fast
@@ -113,9 +111,10 @@ def test_auto_remats_and_scans_real_size_training_calls_only():
   # Qwen2.5-0.5B's layer shapes at 1024 tokens, bf16: ~0.9 GiB of activations per row
   real = dataclasses.replace(small, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
                              d_ff=4864, max_seq_len=1024, dtype="bfloat16")
-  assert (small.remat, small.scan_layers) == ("auto", "auto")  # the defaults
-  assert remat_policy(small) == "none" and not scans(small, cached=False)
-  assert remat_policy(real) == "full" and scans(real, cached=False)
-  assert not scans(real, cached=True)  # decode steps never stack the weights
-  assert scans(dataclasses.replace(small, remat="full"), cached=False)
-  assert not scans(dataclasses.replace(real, scan_layers=False), cached=False)
+  auto = pf.RunControl()
+  assert (auto.remat, auto.scan_layers) == ("auto", "auto")  # the defaults
+  assert auto.remat_policy(small) == "none" and not auto.scans(small, cached=False)
+  assert auto.remat_policy(real) == "full" and auto.scans(real, cached=False)
+  assert not auto.scans(real, cached=True)  # decode steps never stack the weights
+  assert pf.RunControl(remat="full").scans(small, cached=False)
+  assert not pf.RunControl(scan_layers=False).scans(real, cached=False)

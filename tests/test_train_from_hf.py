@@ -242,6 +242,8 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
   with torch.no_grad():
     got = _hf_model(tmp_path / "out")(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(got, full_logits(model, tokens), atol=1e-4, rtol=0)
+  bidirectional = from_hf(load_config("deer_drafter_bidirectional_stage1"), hf).model
+  assert bidirectional.drafter_prefix == "bidirectional"  # the method's layout is the recipe's
   asarm = from_hf(load_config(RECIPES / "asarm.py"), hf)
   assert asarm.model.two_stream
   with pytest.raises(ValueError, match="two_stream"):
@@ -250,8 +252,9 @@ def test_a_deer_drafter_from_hf_exports_mask_and_sep_and_an_asarm_is_refused(dir
 
 @pytest.mark.fast
 def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
-  """--set applies before --hf resolves (data.mask_token picks a reserved token) and again
-  after (data_source_args.* are the jsonl source's, model.* win); --data alone keeps a BPE."""
+  """Each --set applies once: before --hf resolves (data.mask_token picks a reserved token; run
+  control) or after it for what it derives (model.* win over the HF architecture;
+  data_source_args.* are the jsonl source's); --data alone keeps a BPE."""
   parser = argparse.ArgumentParser()
   add_arguments(parser)
 
@@ -261,8 +264,10 @@ def test_set_picks_the_method_tokens_and_the_jsonl_arguments(dirs, data_file):
 
   cfg = config("--hf", str(dirs["exact"]), "--data", str(data_file), "--data", str(data_file),
                "--set", f"data.mask_token={EOT}", "--set", "data_source_args.val_fraction=0.3",
-               "--set", "model.remat=full", "--steps", "7")
-  assert (cfg.model.mask_token_id, cfg.model.remat, cfg.steps) == (0, "full", 7)
+               "--set", "run.remat=full", "--set", "model.rope_theta=5e5", "--steps", "7")
+  assert (cfg.model.mask_token_id, cfg.run.remat, cfg.steps) == (0, "full", 7)
+  assert cfg.model.rope_theta == 5e5 != from_hf(load_config("tidar_scratch"),
+                                                dirs["exact"]).model.rope_theta
   assert dict(cfg.data_source_args)["val_fraction"] == 0.3
   assert tuple(dict(cfg.data_source_args)["paths"]) == (str(data_file.resolve()),) * 2
   plain = config("--data", str(data_file))

@@ -1,7 +1,8 @@
 """Objectives and data sources as registered protocols: a config names them by name + arguments
-(schema 2; schema-1 configs with `trajectories` / `teacher` fields migrate, the shipped
-checkpoints among them), their arguments take dotted overrides, a batch field an objective reads
-must come from its source, and the trainer trains on a source it has never heard of."""
+(schema 3; schema-1 configs with `trajectories` / `teacher` fields and schema-2 ones with run
+control inside the model migrate, the shipped checkpoints among them), their arguments take
+dotted overrides, a batch field an objective reads must come from its source, and the trainer
+trains on a source it has never heard of."""
 
 import dataclasses
 import json
@@ -16,6 +17,9 @@ from paraflax.data.source import SOURCES, TrainData, get_source, register_source
 from paraflax.data.tokenizer import train_tokenizer
 from paraflax.training import (OBJECTIVES, TrainConfig, apply_overrides, load_config, load_trained,
                                train)
+from paraflax.model.config import ModelConfig
+from paraflax.model.run import FIELDS as RUN_FIELDS
+from paraflax.model.run import RunControl
 from paraflax.training.config import SCHEMA, config_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,17 +35,23 @@ def micro(tmp_path_factory):
 
 @pytest.mark.fast
 @pytest.mark.parametrize("workdir", SHIPPED, ids=lambda p: p.name)
-def test_every_shipped_checkpoint_loads_its_config_schema_1_migrated(workdir):
+def test_every_shipped_checkpoint_loads_its_config_migrated(workdir):
   old = json.loads((workdir / "config.json").read_text())
+  assert old.get("schema", 1) < SCHEMA  # shipped before run control left the model
   model, tokenizer, cfg = load_trained(workdir)
   if "schema" not in old:  # written before data sources were registered: migrated
     store = {k: v for k in ("trajectories", "teacher") if (v := old.get(k)) is not None}
     assert cfg.data_source == (next(iter(store)) if store else "stdlib")
     assert dict(cfg.data_source_args) == next(iter(store.values()), {})
-  else:  # re-shipped since: read as written
-    assert old["schema"] == SCHEMA and cfg.data_source == old["data_source"]
+  else:  # schema 2: its data source as written
+    assert cfg.data_source == old["data_source"]
     assert dict(cfg.data_source_args) == old["data_source_args"]
-  assert model.cfg == cfg.model and tokenizer.vocab_size <= cfg.model.vocab_size
+  # the model's fields are its architecture; its run control (schema 2) is the run's
+  arch = {k: v for k, v in old["model"].items() if k not in RUN_FIELDS}
+  assert cfg.model == ModelConfig(**arch) and model.cfg == cfg.model
+  assert model.run == cfg.run == RunControl(**{k: old["model"][k] for k in RUN_FIELDS
+                                               if k in old["model"]})
+  assert tokenizer.vocab_size <= cfg.model.vocab_size
   new = json.loads(json.dumps(cfg.to_dict()))
   assert new["schema"] == SCHEMA and "teacher" not in new and "trajectories" not in new
   assert TrainConfig.from_dict(new) == cfg == TrainConfig.from_dict(old)
@@ -60,9 +70,27 @@ def test_configs_name_their_source_and_schema_1_dicts_migrate(micro):
                                 "teacher": None}) == jf
   with pytest.raises(ValueError, match="one data source: trajectories or teacher, not both"):
     TrainConfig.from_dict({**old, "trajectories": {"path": "a"}, "teacher": {"path": "b"}})
-  with pytest.raises(ValueError, match="config schema 3 is not one this paraflax reads"):
-    TrainConfig.from_dict({**micro.to_dict(), "schema": 3})
+  with pytest.raises(ValueError, match="config schema 4 is not one this paraflax reads"):
+    TrainConfig.from_dict({**micro.to_dict(), "schema": 4})
   assert config_differences(micro, TrainConfig.from_dict(micro.to_dict())) == []
+
+
+@pytest.mark.fast
+def test_schema_2_run_control_moves_from_the_model_to_run_and_resumes(micro):
+  """A schema-2 workdir's `model.remat` (...) is `run.remat` (...): it loads, resumes with any
+  run control, and `--set model.remat` still sets it (with a DeprecationWarning)."""
+  new = micro.to_dict()
+  old = {**new, "schema": 2, "model": {**new["model"], "attention": "xla", "remat": "full",
+                                       "scan_layers": True, "loss_chunk": 64}}
+  del old["run"]
+  cfg = TrainConfig.from_dict(old)
+  assert cfg.run == RunControl(attention="xla", remat="full", scan_layers=True, loss_chunk=64)
+  assert cfg.model == micro.model and dataclasses.replace(cfg, run=micro.run) == micro
+  assert config_differences(cfg, micro) == []
+  with pytest.warns(DeprecationWarning, match="'model.remat' is now 'run.remat'"):
+    assert apply_overrides(micro, {"model.remat": "full"}).run.remat == "full"
+    with pytest.raises(ValueError, match="'run.remat' is set twice"):
+      apply_overrides(micro, {"model.remat": "full", "run.remat": "none"})
 
 
 @pytest.mark.fast

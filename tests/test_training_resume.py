@@ -44,7 +44,8 @@ def setup(tmp_path_factory):
 
 
 def _command(cfg, workdir):
-  return [sys.executable, "-m", "paraflax.training", "--config", "micro_ar", "--workdir", str(workdir), "--steps", str(STEPS), "--no-progress",
+  return [sys.executable, "-m", "paraflax.training", "--config", "micro_ar", "--workdir",
+          str(workdir), "--steps", str(STEPS), "--no-progress",
           "--set", f"data.cache_dir={cfg.data.cache_dir}",
           "--set", f"checkpoint_every={CHECKPOINT_EVERY}", "--set", "eval_every=100"]
 

@@ -1,9 +1,9 @@
 """Masked attention: one function with pluggable implementations behind the explicit mask.
 
-`attend(q, k, v, mask, implementation=..., cache_kv=...)`: queries `[B, T, H, D]` attend the
+`attend(q, k, v, mask, attention=..., cache_kv=...)`: queries `[B, T, H, D]` attend the
 keys [cache slots S | chunk tokens] under the bool mask `[B, T, S+T]` (query may attend key),
-grouped-query: H = G * Hkv, query head h reads kv head h // G. Implementations
-(`ModelConfig.attention`):
+grouped-query: H = G * Hkv, query head h reads kv head h // G. The `attention` setting
+(`RunControl.attention`, checked there) names an implementation:
 
   xla          dense einsum scores `[B, Hkv, G, T, S+T]` float32; the reference. The cache is
                read in place (no concatenation); memory quadratic in length.
@@ -34,9 +34,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from paraflax.model.config import ATTENTION as IMPLEMENTATIONS
 from paraflax.model.mask_structure import EMPTY, Structured
 
+IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (scripts/attention_bench.py):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
@@ -46,16 +46,10 @@ BLOCK = 128  # queries and keys per tile of `blockwise`
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
 
-def check(name: str) -> None:
-  """Raise ValueError unless `name` is an attention implementation."""
-  if name not in IMPLEMENTATIONS:
-    raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {name!r}")
-
-
-def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows: int = 0,
-            cached: bool = False) -> str | tuple[str, ...]:
-  """The implementation that setting `name` stands for: static (backend, dtype, the model's
-  `max_len`; query `rows` and whether there is a cache only for the decode rule).
+def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
+            rows: int = 0, cached: bool = False) -> str | tuple[str, ...]:
+  """The implementation the `attention` setting stands for: static (backend, dtype, the
+  model's `max_len`; query `rows` and whether there is a cache only for the decode rule).
 
   "auto", in order: (1) decode rule: a call over a cache with <= `DECODE_ROWS` query rows
   runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
@@ -67,12 +61,11 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
-  check(name)
-  if name != "auto":
-    if name in ACCELERATED and backend == "cpu":
-      raise ValueError(f"attention={name!r} needs a GPU or TPU; this backend is cpu "
+  if attention != "auto":
+    if attention in ACCELERATED and backend == "cpu":
+      raise ValueError(f"attention={attention!r} needs a GPU or TPU; this backend is cpu "
                        "(use 'auto', 'xla' or 'xla_chunked')")
-    return name
+    return attention
   if (cached and rows <= DECODE_ROWS) or (max_len is not None and max_len <= DENSE_MAX_LEN):
     return "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
@@ -80,11 +73,11 @@ def resolve(name: str, backend: str, dtype, *, max_len: int | None = None, rows:
   return ("mosaic", "xla_chunked") if backend == "tpu" else "xla_chunked"
 
 
-def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str = "xla",
+def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla",
            cache_kv=None, max_len: int | None = None):
   """Masked attention `[B, T, H, D]` over keys [cache slots | chunk]: k, v `[B, T', Hkv, D]`
   (T' = T, or fewer for two-stream calls), `cache_kv` None or (k, v) `[B, S, Hkv, D]` (cast
-  to q's dtype), mask `[B, T, S+T']`. `implementation` and `max_len`: see `resolve`."""
+  to q's dtype), mask `[B, T, S+T']`. `attention` and `max_len`: see `resolve`."""
   q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
@@ -94,7 +87,7 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, implementation: str =
       k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
       v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
     return blockwise(q_BxTxHxD, k, v, mask_BxTxS)
-  impl = resolve(implementation, jax.default_backend(), dt, max_len=max_len, rows=t,
+  impl = resolve(attention, jax.default_backend(), dt, max_len=max_len, rows=t,
                  cached=cache_kv is not None)
   if impl == "xla":
     return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv)

@@ -1,4 +1,5 @@
-"""Model configuration: a frozen, hashable dataclass (variants via `dataclasses.replace`)."""
+"""Model configuration, what a model is: a frozen, hashable dataclass (variants via
+`dataclasses.replace`). How a run computes it is `RunControl` (`run.py`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# per-layer rematerialisation (`ModelConfig.remat`): what a layer keeps for the backward pass
-REMAT = ("auto", "none", "full", "save_matmuls")
-ATTENTION = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")  # `attention.py`
+# run control, `RunControl`'s since schema 3: given to ModelConfig, a ValueError saying so
+MOVED = ("attention", "remat", "scan_layers", "loss_chunk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,24 +47,8 @@ class ModelConfig:
   """A Llama/Qwen-family decoder.
 
   `dtype` is the compute dtype (activations, attention); parameters are kept in
-  `param_dtype` and logits are always float32.
-  `remat` only matters under differentiation (run control, not what the model computes):
-  "none" keeps every layer's activations for the backward pass, "full" keeps only each
-  layer's input and recomputes the rest, "save_matmuls" also keeps the outputs of the weight
-  matmuls (projections, MLP) and recomputes attention scores and elementwise ops; "auto" is
-  "full" for real-size models (`model.remat_policy`: a row's activations above 256 MiB), else
-  "none".
-  `scan_layers` (run control too) runs the layers as one `lax.scan` over their weights
-  stacked at call time (the parameter tree keeps one entry per layer): one compiled layer
-  instead of n_layers copies, and the backward pass recomputes one layer at a time, which
-  XLA's CPU scheduler only honours inside a loop (unrolled, it hoists the recomputation).
-  It is a training setting: each forward stacks (copies) the layer weights, which a decode
-  step pays every token. "auto" scans the cache-free calls (training, validation) of a
-  model whose remat resolves to a policy, and never a call over a cache (decoding).
-  `loss_chunk` (run control too) is how many positions of a row the training losses project
-  through the output head at once (`training/head_loss.py`): None ("auto") takes the whole row
-  while its float32 logits stay small and chunks that keep them so otherwise; an int forces
-  chunks of that many positions (>= the row: the whole row).
+  `param_dtype` and logits are always float32. The run-control keywords of older versions
+  (`MOVED`: attention, remat, scan_layers, loss_chunk) are a ValueError naming `RunControl`.
   """
 
   vocab_size: int
@@ -89,14 +73,17 @@ class ModelConfig:
   # (re-encoded at every draft); training and decoding both read it (`deer_layout.mask`)
   drafter_prefix: str = "causal"
   two_stream: bool = False  # AS-ARM query stream (ASSD)
-  remat: str = "auto"  # one of REMAT: per-layer rematerialisation in training
-  scan_layers: bool | str = "auto"  # True | False | "auto": the layers as a lax.scan
-  # run control, not identity: how attention is computed (`attention.resolve`); a run may
-  # resume with another value, and Hugging Face configs neither read nor write it
-  attention: str = "auto"  # "auto" | "xla" | "xla_chunked" | "mosaic" | "triton" | "cudnn"
-  loss_chunk: int | None = None  # positions per head chunk in losses; None: auto (run control)
+  attention: dataclasses.InitVar[object] = None  # MOVED: a ValueError when given
+  remat: dataclasses.InitVar[object] = None
+  scan_layers: dataclasses.InitVar[object] = None
+  loss_chunk: dataclasses.InitVar[object] = None
 
-  def __post_init__(self):
+  def __post_init__(self, *moved):
+    given = [name for name, value in zip(MOVED, moved) if value is not None]
+    if given:
+      raise ValueError(f"ModelConfig takes no {given[0]}: it is run control now, "
+                      f"RunControl({given[0]}=...), given as TrainConfig(run=...), --set "
+                      f"run.{given[0]}=... or Transformer(cfg, run=...)")
     if isinstance(self.rope_scaling, Mapping):
       object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
@@ -118,19 +105,6 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, "
                          f"got {getattr(self, name)!r}")
-    if not (isinstance(self.scan_layers, bool) or self.scan_layers == "auto"):
-      raise ValueError(f"ModelConfig.scan_layers must be True, False or 'auto', got "
-                       f"{self.scan_layers!r}")
-    if self.remat not in REMAT:
-      raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
-    if self.attention not in ATTENTION:
-      raise ValueError(f"ModelConfig.attention must be one of {', '.join(ATTENTION)}; "
-                       f"got {self.attention!r}")
-    if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool)
-                                        or not isinstance(self.loss_chunk, int)
-                                        or self.loss_chunk < 1):
-      raise ValueError(f"ModelConfig.loss_chunk must be an int >= 1 or None (auto), "
-                       f"got {self.loss_chunk!r}")
     if self.drafter_prefix not in ("causal", "bidirectional"):
       raise ValueError(f"ModelConfig.drafter_prefix must be 'causal' or 'bidirectional', got "
                        f"{self.drafter_prefix!r}")

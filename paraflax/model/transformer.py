@@ -19,6 +19,10 @@ stream's `[B, Q, D]`) in the compute dtype instead of the logits, and `model.hea
 to the same float32 logits: losses compute the head over chunks of positions
 (`training/head_loss.py`) instead of holding `[B, T, V]` float32.
 
+How the model is computed (attention kernel, remat, scanned layers, loss chunks) is its
+`run: RunControl` (`run.py`), given as `Transformer(cfg, rngs=..., run=...)` and static like
+the config (part of the graphdef).
+
 Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`) as
 `out_sharding` metadata, so sharding is a rules table (see `sharding.py`).
 """
@@ -37,6 +41,7 @@ from paraflax.model.attention import attend
 from paraflax.model.cache import ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
 from paraflax.model.mask_structure import Structured
+from paraflax.model.run import REMAT_POLICIES, RunControl
 from paraflax.parallel import sharding
 
 
@@ -44,35 +49,6 @@ class Queries(NamedTuple):
   """The query stream of a two-stream call: one query per target position."""
   positions: jax.Array  # [B, Q] the position each query predicts
   mask: jax.Array  # [B, Q, S+T] the content keys (cache slots, chunk tokens) it may read
-
-
-# `ModelConfig.remat` -> what `jax.checkpoint` saves of a layer (dots without batch dims: the
-# weight matmuls; attention's score and value products have batch dims, so they are recomputed)
-REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
-                  "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
-
-
-# "auto" remat: rematerialise when a backward pass would keep more than this per row
-REMAT_BUDGET = 256 * 2**20
-
-
-def remat_policy(cfg: ModelConfig) -> str:
-  """`cfg.remat` with "auto" resolved: "full" when the activations an un-rematerialised
-  backward keeps for one row at `max_seq_len` (about 4 d_model + 3 d_ff values per token and
-  layer) exceed `REMAT_BUDGET` (every real-size model: 0.9 GiB for Qwen2.5-0.5B at 1024
-  tokens), else "none" (the demo and test models, a few MiB)."""
-  if cfg.remat != "auto":
-    return cfg.remat
-  per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
-  return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
-
-
-def scans(cfg: ModelConfig, cached: bool) -> bool:
-  """`cfg.scan_layers` with "auto" resolved for one call: scan a cache-free call when remat
-  applies (the backward recomputes one layer at a time), never a call over a cache."""
-  if cfg.scan_layers != "auto":
-    return cfg.scan_layers
-  return not cached and remat_policy(cfg) != "none"
 
 
 def logits(x_BxTxD, w_DxV):
@@ -155,9 +131,10 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
       self.k_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq, t_kv):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq, t_kv,
+               attention):
     """Rows `:t_kv` of x are content tokens (they make the keys/values); rows after them are
-    query-stream rows (they only query)."""
+    query-stream rows (they only query); `attention`: `RunControl.attention`."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     content = x_BxTxD[:, :t_kv]
     q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
@@ -171,7 +148,7 @@ class Attention(nnx.Module):
     k = apply_rope(k, positions_BxT[:, :t_kv], inv_freq)
 
     cache_kv = None if cache_k is None else (cache_k, cache_v)
-    out = attend(q, k, v, mask_BxTxK, implementation=cfg.attention, cache_kv=cache_kv,
+    out = attend(q, k, v, mask_BxTxK, attention=attention, cache_kv=cache_kv,
                  max_len=cfg.max_seq_len)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
 
@@ -198,23 +175,25 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv):
-    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq, t_kv)
+  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention):
+    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq, t_kv,
+                      attention)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
 
-def _layer_call(remat: str, inv_freq: np.ndarray, t_kv: int):
+def _layer_call(remat: str, attention: str, inv_freq: np.ndarray, t_kv: int):
   """`run(layer, x, positions, mask, cache_k, cache_v) -> (x, (k, v))`, rematerialised as
-  `remat` says. The host constants (RoPE frequencies, content rows) are closed over, so they
-  stay static under `jax.checkpoint`; a missing cache (None) is an empty pytree. The layer
+  `remat` (resolved) says. The host constants (RoPE frequencies, content rows, the attention
+  setting) are closed over, so they stay static under `jax.checkpoint`; a missing cache (None)
+  is an empty pytree. The layer
   goes through `jax.checkpoint` as a (graphdef, state) split, not `nnx.remat`: a layer never
   mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
   graph updates refuse to touch from the checkpoint's trace."""
   def run(layer, x, positions, mask, cache_k, cache_v):
     x = sharding.constrain_batch(x)  # rows stay split over the batch axes (FSDP)
-    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv)
-  if remat == "none":
+    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention)
+  if REMAT_POLICIES[remat] is None:
     return run
 
   def run_remat(layer, *args):
@@ -249,8 +228,9 @@ def _scan_layers(layers, run, x, positions, mask, cache: KVCache | None):
 class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the calling convention."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, run: RunControl = RunControl()):
     self.cfg = cfg
+    self.run = run
     v, d, pd = cfg.vocab_size, cfg.d_model, cfg.params_dtype
     embed_std = d ** -0.5 if cfg.tie_embeddings else 1.0
     self.embed = _param(rngs, jax.nn.initializers.normal(embed_std), (v, d), ("vocab", "embed"), pd)
@@ -281,15 +261,15 @@ class Transformer(nnx.Module):
     x = self.embed[...].astype(dt)[tokens_BxT]
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
-    run = _layer_call(remat_policy(cfg), inv_freq, t)
-    if scans(cfg, cache is not None):
-      x, (ks, vs) = _scan_layers(self.layers, run, x, positions_BxT, mask, cache)
+    call = _layer_call(self.run.remat_policy(cfg), self.run.attention, inv_freq, t)
+    if self.run.scans(cfg, cached=cache is not None):
+      x, (ks, vs) = _scan_layers(self.layers, call, x, positions_BxT, mask, cache)
     else:
       ks, vs = [], []
       for i, layer in enumerate(self.layers):
         ck = None if cache is None else cache.k[i]
         cv = None if cache is None else cache.v[i]
-        x, (k, v) = run(layer, x, positions_BxT, mask, ck, cv)
+        x, (k, v) = call(layer, x, positions_BxT, mask, ck, cv)
         ks.append(k)
         vs.append(v)
       ks, vs = jnp.stack(ks), jnp.stack(vs)

@@ -84,9 +84,8 @@ def run(plan: DecodePlan, add, log) -> list[str]:
   from paraflax.decoding.generate import generate
   specs = [methods.spec(name) for name in plan.decoders]  # unknown names: before any work
   specs = [methods.METHODS["ar"]] + [m for m in specs if m.name != "ar"]
-  cfg = model_config(plan.shape, plan.dtype, plan.layers,
-                     **({"attention": plan.attention} if plan.attention else {}))
-  model = random_model(cfg)
+  cfg = model_config(plan.shape, plan.dtype, plan.layers)
+  model = random_model(cfg, attention=plan.attention)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   floor = floor_ms(weight_bytes, jax.devices()[0].device_kind)
   head = {"kind": "decode", "shape": plan.shape, "dtype": plan.dtype, "layers": cfg.n_layers,

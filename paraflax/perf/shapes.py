@@ -26,27 +26,29 @@ def shape_fields(shape: str, layers: int | None = None) -> dict:
 
 def model_config(shape: str, dtype: str, layers: int | None = None, **extra):
   """A `ModelConfig` of `shape` with compute and parameters in `dtype`, `<mask>` = 2 (TiDAR
-  runs on it), and `extra` fields (`attention`, `two_stream`, ...)."""
+  runs on it), and `extra` fields (`two_stream`, ...)."""
   from paraflax.model.config import ModelConfig
   return ModelConfig(**{**shape_fields(shape, layers), "dtype": dtype, "param_dtype": dtype,
                         "mask_token_id": 2, **extra})
 
 
-def random_model(cfg, seed: int = 0):
-  """A Transformer of `cfg` with random weights, built in one compiled call."""
+def random_model(cfg, seed: int = 0, attention: str | None = None):
+  """A Transformer of `cfg` with random weights, built in one compiled call, its attention
+  `attention` (None: "auto")."""
   from flax import nnx
 
+  from paraflax.model.run import RunControl
   from paraflax.training.step import init_params
-  return nnx.merge(*init_params(cfg, seed))
+  return nnx.merge(*init_params(cfg, seed, run=RunControl(attention=attention or "auto")))
 
 
-def attention_used(cfg, rows: int, cached: bool) -> str:
-  """The attention `cfg.attention` resolves to for a call of `rows` query rows (over a cache
-  or not) on this backend; "kernel|fallback" where it falls back for shapes a kernel
-  declines."""
+def attention_used(cfg, run, rows: int, cached: bool) -> str:
+  """The attention `run.attention` resolves to for a call of `cfg`'s model with `rows` query
+  rows (over a cache or not) on this backend; "kernel|fallback" where it falls back for shapes
+  a kernel declines."""
   import jax
 
   from paraflax.model.attention import resolve
-  impl = resolve(cfg.attention, jax.default_backend(), cfg.dtype, max_len=cfg.max_seq_len,
+  impl = resolve(run.attention, jax.default_backend(), cfg.dtype, max_len=cfg.max_seq_len,
                  rows=rows, cached=cached)
   return impl if isinstance(impl, str) else "|".join(impl)

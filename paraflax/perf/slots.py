@@ -14,7 +14,7 @@ class SlotsPlan:
   shape: str = "qwen2.5-0.5b"
   layers: int | None = None  # None: the shape's
   dtype: str = "bfloat16"
-  attention: str | None = None  # ModelConfig.attention (None: "auto")
+  attention: str | None = None  # RunControl.attention (None: "auto")
   cache_len: int = 2048  # filled cache slots
   slots: tuple = (1, 4, 16, 64)  # causal chunk widths (the first is the reference)
   tidar_k: tuple = (4, 8)  # TiDAR's k + k^2 slots for each k
@@ -78,9 +78,8 @@ def run(plan: SlotsPlan, add, log) -> list[str]:
   that failed (the others still run)."""
   import jax
   inner = plan.inner or (1 if jax.default_backend() == "cpu" else 8)
-  cfg = model_config(plan.shape, plan.dtype, plan.layers,
-                     **({"attention": plan.attention} if plan.attention else {}))
-  model = random_model(cfg)
+  cfg = model_config(plan.shape, plan.dtype, plan.layers)
+  model = random_model(cfg, attention=plan.attention)
   sweeps = [(plan.cache_len, widths(plan.slots, plan.tidar_k))]
   if plan.short_cache:
     sweeps.append((plan.short_cache, widths(plan.short_slots)))
@@ -95,9 +94,8 @@ def run(plan: SlotsPlan, add, log) -> list[str]:
         continue
       for r in rows:
         add({"kind": "slots", "shape": plan.shape, "dtype": plan.dtype, "layers": cfg.n_layers,
-             "attention": attention_used(cfg, r["slots"], cached=True), "cache_len": cache_len,
-             "batch": b, **r,
-             "repeats": plan.repeats, "inner": inner})
+             "attention": attention_used(cfg, model.run, r["slots"], cached=True),
+             "cache_len": cache_len, "batch": b, **r, "repeats": plan.repeats, "inner": inner})
         log(f"[slots] cache {cache_len} batch {b} slots {r['slots']:>3} ({r['mask']}): "
             f"{r['forward_ms']:.3f} ms, c = {r['vs_one_slot']:.2f}")
   return errors

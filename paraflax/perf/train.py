@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.perf.shapes import attention_used, shape_fields
 from paraflax.training import flops
 
@@ -42,24 +43,21 @@ class TrainPlan:
 def recipe(objective: str, plan: TrainPlan, seq_len: int):
   """The objective's recipe at the plan's shape, batch, `seq_len` and run control."""
   from paraflax.training.config import apply_overrides, load_config
-  control = {"attention": plan.attention, "remat": plan.remat, "scan_layers": plan.scan_layers}
   sets = {f"model.{k}": v for k, v in shape_fields(plan.shape, plan.layers).items()}
   sets.update({"model.dtype": plan.dtype, "model.param_dtype": "float32",
                "data.seq_len": seq_len, "data.batch_size": plan.batch,
-               **{f"model.{k}": v for k, v in control.items() if v is not None}})
+               **{f"run.{k}": getattr(plan, k) for k in RUN_FIELDS
+                  if getattr(plan, k, None) is not None}})
   return apply_overrides(load_config(RECIPES[objective]), sets)
 
 
 def run_control(cfg) -> dict:
   """The run control a training step of `cfg` compiles with, "auto" resolved."""
-  from paraflax.model.transformer import remat_policy, scans
   from paraflax.training.head_loss import chunk_size
-  d = cfg.data
-  return {"attention": attention_used(cfg.model, cfg.data.seq_len, cached=False),
-          "remat": remat_policy(cfg.model),
-          "scan_layers": scans(cfg.model, cached=False),
-          "loss_chunk": chunk_size(cfg.model.loss_chunk, d.batch_size, d.seq_len,
-                                   cfg.model.vocab_size)}
+  d, run = cfg.data, cfg.run
+  return {"attention": attention_used(cfg.model, run, d.seq_len, cached=False),
+          "remat": run.remat_policy(cfg.model), "scan_layers": run.scans(cfg.model, cached=False),
+          "loss_chunk": chunk_size(run.loss_chunk, d.batch_size, d.seq_len, cfg.model.vocab_size)}
 
 
 def memory_limit_gib() -> float:
@@ -81,7 +79,7 @@ def measure_step(cfg, steps: int, max_gib: float) -> dict:
   from paraflax.training.dry_run import memory_report
   from paraflax.training.objectives import objective
   from paraflax.training.step import init_opt_state, init_params, jit_train_step
-  graphdef, params = init_params(cfg.model, seed=0)
+  graphdef, params = init_params(cfg.model, seed=0, run=cfg.run)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.block_until_ready(init_opt_state(tx, params))
   batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(cfg).items()}

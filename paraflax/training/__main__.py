@@ -82,21 +82,22 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace):
-  """The run's TrainConfig: the config file with --set applied, retargeted at --hf and --data
-  (`from_hf.py`), --set applied again so that it wins over what --hf derives, then --steps."""
+  """The run's TrainConfig: the config file retargeted at --hf and --data (`from_hf.py`), with
+  each --set applied once: before retargeting (method tokens, run control, ...: what it reads
+  from the recipe), or after it for what it derives (with --hf the architecture, `model.*`;
+  with --data the jsonl source's arguments, `data_source_args.*`); then --steps."""
   from paraflax.training.config import apply_overrides, load_config
   from paraflax.training.from_hf import from_hf, with_data
   overrides = parse_overrides(args.overrides)
-  # with --data, data_source_args.* name the jsonl source's arguments: set after retargeting
-  first = {k: v for k, v in overrides.items()
-           if not (args.data and k.startswith("data_source_args."))}
-  cfg = apply_overrides(load_config(args.config), first)
+  derived = tuple(p for p, given in (("model.", args.hf), ("data_source_args.", args.data))
+                  if given)
+  cfg = apply_overrides(load_config(args.config),
+                        {k: v for k, v in overrides.items() if not k.startswith(derived)})
   if args.hf:
     cfg = from_hf(cfg, args.hf, args.data)
   elif args.data:
     cfg = with_data(cfg, args.data)
-  if args.hf or args.data:
-    cfg = apply_overrides(cfg, overrides)
+  cfg = apply_overrides(cfg, {k: v for k, v in overrides.items() if k.startswith(derived)})
   if args.steps is not None:
     cfg = dataclasses.replace(cfg, steps=args.steps)
   return cfg

@@ -19,6 +19,8 @@ from paraflax.data.pipeline import DataConfig
 from paraflax.data.source import DataSource, as_pairs, get_source, source_args
 from paraflax.json_io import read_json_object
 from paraflax.model.config import ModelConfig
+from paraflax.model.run import FIELDS as RUN_FIELDS
+from paraflax.model.run import RunControl
 from paraflax.parallel.sharding import MeshConfig
 from paraflax.paths import resolve_path
 from paraflax.training import fields
@@ -27,7 +29,9 @@ from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
 from paraflax.training.recipes import config_file
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
-SCHEMA = 2  # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`)
+# of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`); 2: run control
+# was part of the model (`model.remat`, ...)
+SCHEMA = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,8 @@ class TrainConfig:
   `grad_accum`: the step sums the gradients of that many micro-batches of `data.batch_size /
   grad_accum` rows (`accumulate.py`), equal to the whole batch at once: memory of a
   micro-batch, the update of the batch (run control).
+  `run`: how the model is computed (`RunControl`: attention, remat, scanned layers, loss
+  chunks); like `mesh` and `grad_accum`, a resumed run may change it.
   """
 
   model: ModelConfig
@@ -106,6 +112,7 @@ class TrainConfig:
   mesh: MeshConfig | None = None  # also (data, fsdp, tensor) sizes or a mapping -> MeshConfig
   init_from: str | None = None  # a training workdir or HF directory whose params start the run
   grad_accum: int = 1  # micro-batches per step (divides data.batch_size)
+  run: RunControl = RunControl()
 
   def __post_init__(self):
     if self.mesh is not None:
@@ -170,7 +177,8 @@ class TrainConfig:
     """The config of a `to_dict` of this or an older schema (`migrate`), checked by shape
     first: a missing, unknown or mistyped field is one ValueError naming it."""
     d = migrate(d)
-    for name, section in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig)):
+    for name, section in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
+                          ("run", RunControl)):
       if name in d:
         d[name] = _section(section, d[name], f"{name}.")
     return _section(cls, d, "")
@@ -208,7 +216,8 @@ def migrate(d: Mapping) -> dict:
   """A `to_dict` of any schema as the current one's fields (without `schema`).
 
   Schema 1 (no `schema` key): `trajectories` and `teacher`, a store each or None, become
-  `data_source` + `data_source_args` (neither: "stdlib").
+  `data_source` + `data_source_args` (neither: "stdlib"). Schemas 1 and 2: the run-control
+  fields of `model` (those it has) become `run`.
   """
   if not isinstance(d, Mapping):
     raise ValueError(f"expected a JSON object of TrainConfig fields, got {type(d).__name__}")
@@ -223,6 +232,9 @@ def migrate(d: Mapping) -> dict:
       raise ValueError("TrainConfig takes one data source: trajectories or teacher, not both")
     if stores:
       d["data_source"], d["data_source_args"] = stores[0]
+  if schema < 3 and isinstance(d.get("model"), Mapping):
+    model = dict(d["model"])
+    d["model"], d["run"] = model, {k: model.pop(k) for k in RUN_FIELDS if k in model}
   return d
 
 
@@ -240,8 +252,7 @@ def _mesh(spec) -> MeshConfig:
 RUN_CONTROL = frozenset({"steps", "eval_every", "eval_batches", "checkpoint_every",
                          "keep_checkpoints", "log_every", "data.cache_dir", "data.progress",
                          "mesh", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.axis_rules",
-                         "model.remat", "model.scan_layers", "model.attention",
-                         "model.loss_chunk", "grad_accum"})
+                         "grad_accum", *(f"run.{name}" for name in RUN_FIELDS)})
 
 # Fields naming directories: compared (and saved) resolved, however they were spelled.
 PATH_FIELDS = ("init_from", "data_source_args.path", "data_source_args.paths", "data.tokenizer")

@@ -25,6 +25,8 @@ from paraflax import destination
 from paraflax.hf.config import read_hf_config
 from paraflax.hf.load import load_hf
 from paraflax.hf.tokenizer import load_hf_tokenizer
+from paraflax.training.checkpoint import CHECKPOINTS, write_manifest
+from paraflax.training.config import TrainConfig
 
 
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,

@@ -55,7 +55,7 @@ def abstract_state(cfg: TrainConfig, mesh=None):
   """(graphdef, params, tx, opt_state) with every array a `ShapeDtypeStruct` (sharded on
   `mesh` as `train` shards them): nothing allocated."""
   graphdef, params = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
+      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0), run=cfg.run)), nnx.Param)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.eval_shape(tx.init, params)
   if mesh is not None:

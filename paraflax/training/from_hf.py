@@ -5,8 +5,8 @@ model and the user's data.
                   ["train.jsonl"])
 
 The recipe gives the method (objective and its arguments, `mask_token_id` / `sep_token_id`
-needed or not, `two_stream`), the optimiser, the loop and run control (`remat`,
-`scan_layers`, `attention`, `loss_chunk`, dtypes); DIR gives the architecture (its
+needed or not, `two_stream`, `drafter_prefix`), the optimiser, the loop, the run control
+(`cfg.run`, untouched) and the precision (dtypes); DIR gives the architecture (its
 config.json), the weights (`init_from`) and the tokenizer (`data.tokenizer`), with the
 method tokens (`data.mask_token` / `data.sep_token`, "<mask>" / "<sep>" unless set) added
 when it lacks them. `model.vocab_size` covers both the checkpoint's rows and the tokenizer's
@@ -31,9 +31,9 @@ from paraflax.training.objectives import objective
 MASK, SEP = "<mask>", "<sep>"  # the method tokens' default strings
 # data sources that are stores made by a command from a model and prompts
 STORES = {"trajectories": "collect-trajectories", "teacher": "teacher-data"}
-# what the recipe keeps of its model: run control, and its precision (a training choice; a
-# bfloat16 checkpoint trains in float32 unless the recipe says otherwise)
-KEPT = ("remat", "scan_layers", "attention", "loss_chunk", "dtype", "param_dtype")
+# what the recipe keeps of its model: the method's fields and its precision (a training choice;
+# a bfloat16 checkpoint trains in float32 unless the recipe says otherwise)
+KEPT = ("two_stream", "drafter_prefix", "dtype", "param_dtype")
 
 
 def with_data(cfg: TrainConfig, data_paths: Sequence[str], hf_dir: str | None = None
@@ -84,7 +84,7 @@ def from_hf(cfg: TrainConfig, hf_dir: str, data_paths: Sequence[str] = ()) -> Tr
       arch, vocab_size=max(arch.vocab_size, tok.vocab_size),  # rows for added tokens
       max_seq_len=max(arch.max_seq_len, data.seq_len),
       mask_token_id=tok.mask_id if mask else None, sep_token_id=tok.sep_id if sep else None,
-      two_stream=recipe.two_stream, **{k: getattr(recipe, k) for k in KEPT})
+      **{k: getattr(recipe, k) for k in KEPT})
   data = dataclasses.replace(data, tokenizer=hf_dir, mask_token=mask, sep_token=sep)
   cfg = dataclasses.replace(cfg, model=model, data=data, init_from=hf_dir)
   return with_data(cfg, data_paths, hf_dir) if data_paths else cfg

@@ -5,7 +5,7 @@ never holds the float32 logits `[B, T, V]` of a whole row (nor their softmax or 
 `fn(logits_BxCxV, extras_chunk, head)` on each chunk inside `lax.map` under `jax.checkpoint`:
 the forward keeps only each chunk's outputs `[B, C]`, and the backward recomputes one chunk's
 logits at a time. `head(h_BxCxD)` projects other hidden states of the chunk (Jacobi Forcing's
-teacher). The chunk is `ModelConfig.loss_chunk` (`chunk_size`); a chunk covering the row runs
+teacher). The chunk is `RunControl.loss_chunk` (`chunk_size`); a chunk covering the row runs
 `fn` once on the whole row, without the loop (tiny demo shapes: faster, the same values).
 
 The head's gradient sums over chunks in the parameter dtype (the projection is cast to the
@@ -30,7 +30,7 @@ LOGITS_BUDGET = 256 * 2**20
 
 
 def chunk_size(setting: int | None, b: int, t: int, v: int) -> int:
-  """Positions per chunk (t: the whole row) for `ModelConfig.loss_chunk` = `setting`: an
+  """Positions per chunk (t: the whole row) for `RunControl.loss_chunk` = `setting`: an
   int forces it; None takes the whole row while its logits `[b, t, v]` float32 fit
   `LOGITS_BUDGET`, else the fewest equal chunks that do. `b`: the rows one device holds."""
   if setting is not None:
@@ -45,7 +45,7 @@ def per_position(fn, model, hidden_BxTxD, extras=None):
   b, t, _ = hidden_BxTxD.shape
   w_DxV = model.unembedding()
   rows = b // sharding.batch_shards(b)  # per device: the batch is split over a mesh's axes
-  chunk = chunk_size(model.cfg.loss_chunk, rows, t, w_DxV.shape[1])
+  chunk = chunk_size(model.run.loss_chunk, rows, t, w_DxV.shape[1])
   inputs = (hidden_BxTxD, extras)
 
   def run(w, h_and_x):

@@ -5,8 +5,8 @@ An objective's or a data source's arguments are set one by one as `objective_arg
 `data_source_args.NAME` (a data source's are type-checked against its fields), or whole. When
 the overrides change `objective` or `data_source`, the old one's arguments are dropped unless
 they are set too. Schema-1 keys (`trajectories.path`, `teacher.val_fraction`, `teacher={...}`,
-fields of their own before data sources were registered) still work, with a
-DeprecationWarning.
+fields of their own before data sources were registered) and schema-2 run-control keys
+(`model.remat`, now `run.remat`) still work, with a DeprecationWarning.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paraflax.data.source import source_class
+from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.training import fields
 
 ARGS = {"objective_args": "objective", "data_source_args": "data_source"}  # args -> their name
@@ -61,7 +62,7 @@ def apply_overrides(cfg, overrides: Mapping[str, Any] | None):
   together: each config is rebuilt once, so its checks see every override at once (their
   order does not matter) and run once. Errors are one-line ValueErrors naming the field.
   """
-  overrides = _legacy(cfg, dict(overrides or {}))
+  overrides = _legacy(cfg, _moved_run_control(cfg, dict(overrides or {})))
   tree: dict[str, Any] = {}
   for key, value in overrides.items():
     obj, node, names = cfg, tree, key.split(".")
@@ -117,6 +118,21 @@ def _rebuild(obj, tree: Mapping[str, Any]):
     elif renamed and k not in changes:  # a new one starts without the old one's arguments
       changes[k] = {}
   return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def _moved_run_control(cfg, overrides: dict) -> dict:
+  """Schema-2 keys of run control as its own (`model.remat` -> `run.remat`)."""
+  out = {}
+  for key, value in overrides.items():
+    head, _, name = key.partition(".")
+    if head == "model" and name in RUN_FIELDS and hasattr(cfg, "run"):
+      warnings.warn(f"config field {key!r} is now 'run.{name}'", DeprecationWarning,
+                    stacklevel=3)
+      key = f"run.{name}"
+      if key in overrides:
+        raise ValueError(f"config field {key!r} is set twice: as {key!r} and as 'model.{name}'")
+    out[key] = value
+  return out
 
 
 def _legacy(cfg, overrides: dict) -> dict:

@@ -11,6 +11,7 @@ import optax
 from flax import nnx
 
 from paraflax.model.config import ModelConfig
+from paraflax.model.run import RunControl
 from paraflax.model.transformer import Block, Transformer
 from paraflax.parallel import sharding
 from paraflax.training.accumulate import accumulated
@@ -49,9 +50,9 @@ def mean_loss(step, params, batches, rng) -> float:
   return float(total) / len(batches)
 
 
-def init_params(model_cfg: ModelConfig, seed: int, mesh=None):
-  """(graphdef, params) of a freshly initialised Transformer, built in one compiled call
-  (directly sharded on `mesh` when given: the same values as on one device).
+def init_params(model_cfg: ModelConfig, seed: int, mesh=None, run: RunControl = RunControl()):
+  """(graphdef, params) of a freshly initialised Transformer computed as `run` says, built in
+  one compiled call (directly sharded on `mesh` when given: the same values as on one device).
 
   The layers are drawn by one layer's initialiser in a loop over per-layer keys
   (`lax.map`), so the program holds one layer's samplers, not n_layers copies (at
@@ -60,7 +61,7 @@ def init_params(model_cfg: ModelConfig, seed: int, mesh=None):
   costs a third of that. Training keys stay threefry (portable).
   """
   graphdef, abstract = nnx.split(
-      nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+      nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0), run=run)), nnx.Param)
 
   def init(key):
     k_top, k_layers = jax.random.split(key)

@@ -266,7 +266,7 @@ def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: b
 def _initial_state(cfg: TrainConfig, mesh):
   """(graphdef, params, tx, opt_state) before any step: fresh params or `init_from`'s."""
   if cfg.init_from is None:
-    graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+    graphdef, params = init_params(cfg.model, cfg.seed, mesh, cfg.run)
   else:
     graphdef, params = initial_params(cfg, mesh)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)

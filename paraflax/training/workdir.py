@@ -124,7 +124,7 @@ def initial_params(cfg: TrainConfig, mesh):
   rows and the added ids' rows start at the mean row (`grow_vocab`); a reserved token the
   source's tokenizer has keeps its trained row."""
   loaded = _source_params(cfg, mesh)
-  graphdef, params = init_params(cfg.model, cfg.seed, mesh)
+  graphdef, params = init_params(cfg.model, cfg.seed, mesh, cfg.run)
   fresh = dict(nnx.to_flat_state(params))
   added = range(init_from_tokenizer(cfg, method_tokens=False).vocab_size,
                 init_from_tokenizer(cfg).vocab_size)
@@ -146,11 +146,12 @@ def initial_params(cfg: TrainConfig, mesh):
 
 def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None,
                  axis_rules=None):
-  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint,
-  restored straight onto `mesh` (any shape, whatever mesh trained it) when given: a
-  `jax.sharding.Mesh` with Explicit or Auto axes whose own axis names `axis_rules` maps,
-  e.g. `{"tensor": "model"}` (see `sharding.resolve_mesh`; the params then live on the
-  equivalent Auto (data, fsdp, tensor) mesh over the same devices).
+  """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint, the
+  model computed as the run's `train_cfg.run` says (`model.run = ...` changes it), restored
+  straight onto `mesh` (any shape, whatever mesh trained it) when given: a `jax.sharding.Mesh`
+  with Explicit or Auto axes whose own axis names `axis_rules` maps, e.g. `{"tensor":
+  "model"}` (see `sharding.resolve_mesh`; the params then live on the equivalent Auto (data,
+  fsdp, tensor) mesh over the same devices).
 
   The params files are verified against the step's checksums first: a file that differs is a
   `ChecksumError` naming it (no fallback here: resuming a run falls back, loading does not);
@@ -174,7 +175,7 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
     raise FileNotFoundError(f"{what} in {str(workdir / CHECKPOINTS)!r}")
   step = max(steps) if step is None else step
   graphdef, params_like = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
+      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0), run=cfg.run)), nnx.Param)
   if mesh is not None:
     params_like = sharding.abstract_state(params_like, mesh)
   try:

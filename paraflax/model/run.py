@@ -1,0 +1,91 @@
+"""Run control: how a run computes the model, apart from what the model is (`ModelConfig`).
+
+None of it changes what the model computes beyond float rounding: a run may resume with other
+values, Hugging Face configs neither read nor write it, and "auto" picks per device and
+shape. A training config keeps it as `TrainConfig.run` (`--set run.remat=full`); a model
+carries it as `Transformer(cfg, run=...)`. Decode-loop settings join here as the loop gains
+them.
+
+  attention    how attention is computed: "auto" or a kernel of `attention.IMPLEMENTATIONS`
+               (`attention.resolve`).
+  remat        what a layer keeps for the backward pass (only under differentiation): "none"
+               every activation, "full" only its input (the rest is recomputed),
+               "save_matmuls" also the outputs of the weight matmuls (projections, MLP;
+               attention scores and elementwise ops are recomputed); "auto" (`remat_policy`)
+               is "full" when a row's activations exceed `REMAT_BUDGET` (every real-size
+               model), else "none" (the demo and test models).
+  scan_layers  True runs the layers as one `lax.scan` over their weights stacked at call
+               time (the parameter tree keeps one entry per layer): one compiled layer, and a
+               backward pass that recomputes one layer at a time, which XLA's CPU scheduler
+               only honours inside a loop. Each forward copies the stacked weights, which a
+               decode step would pay every token: "auto" (`scans`) scans the cache-free calls
+               (training, validation) of a model whose remat resolves to a policy, never a
+               call over a cache (decoding).
+  loss_chunk   positions of a row the training losses project through the output head at
+               once (`training/head_loss.py`): None ("auto") the whole row while its float32
+               logits stay small, chunks that keep them so otherwise; an int forces chunks of
+               that many positions (>= the row: the whole row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from paraflax.model.attention import IMPLEMENTATIONS
+from paraflax.model.config import ModelConfig
+
+# `remat` -> what `jax.checkpoint` saves of a layer (None: no checkpoint; dots without batch
+# dims are the weight matmuls: attention's score and value products have batch dims)
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+REMAT = ("auto", *REMAT_POLICIES)
+# "auto" remat: rematerialise when a backward pass would keep more than this per row
+REMAT_BUDGET = 256 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class RunControl:
+  """How a run computes the model (module docstring); frozen, hashable."""
+
+  attention: str = "auto"
+  remat: str = "auto"
+  scan_layers: bool | str = "auto"  # True | False | "auto"
+  loss_chunk: int | None = None  # None: auto
+
+  def __post_init__(self):
+    if self.attention not in IMPLEMENTATIONS:
+      raise ValueError(f"run.attention must be one of {', '.join(IMPLEMENTATIONS)}; got "
+                       f"{self.attention!r}")
+    if self.remat not in REMAT:
+      raise ValueError(f"run.remat must be one of {list(REMAT)}, got {self.remat!r}")
+    if not (isinstance(self.scan_layers, bool) or self.scan_layers == "auto"):
+      raise ValueError(f"run.scan_layers must be True, False or 'auto', got "
+                       f"{self.scan_layers!r}")
+    if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool)
+                                        or not isinstance(self.loss_chunk, int)
+                                        or self.loss_chunk < 1):
+      raise ValueError(f"run.loss_chunk must be an int >= 1 or None (auto), "
+                       f"got {self.loss_chunk!r}")
+
+  def remat_policy(self, cfg: ModelConfig) -> str:
+    """`remat` with "auto" resolved for `cfg`: "full" when the activations an
+    un-rematerialised backward keeps for one row at `max_seq_len` (about 4 d_model + 3 d_ff
+    values per token and layer) exceed `REMAT_BUDGET` (0.9 GiB for Qwen2.5-0.5B at 1024
+    tokens), else "none"."""
+    if self.remat != "auto":
+      return self.remat
+    per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
+    return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
+
+  def scans(self, cfg: ModelConfig, cached: bool) -> bool:
+    """`scan_layers` with "auto" resolved for one call of `cfg`'s model: scan a cache-free
+    call when remat applies, never a call over a cache."""
+    if self.scan_layers != "auto":
+      return self.scan_layers
+    return not cached and self.remat_policy(cfg) != "none"
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RunControl))

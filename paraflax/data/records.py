@@ -59,7 +59,7 @@ def split_key(record: Record) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RecordEncoder:
-  """How records become ids: a `Tokenizer`, its chat template (`hf.chat.ChatTemplate`, or
+  """How records become ids: a `Tokenizer`, its chat template (`chat.ChatTemplate`, or
   None), `loss_on` ("response" | "all") and `chat` ("auto": prompt/response pairs go through
   the template when there is one; "yes": always, refused without one; "no": never)."""
 

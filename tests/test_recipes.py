@@ -1,6 +1,7 @@
-"""The shipped recipes travel with the package: every one loads by name as by path, names
-resolve to nothing outside `paraflax/recipes/`, and a copy of the package alone (what a wheel
-installs) finds them."""
+"""The shipped recipes travel with the package: every one loads by name as by path (and as
+the checkout's `configs/<name>.py`, the path outside checks pass), names resolve to nothing
+outside `paraflax/recipes/`, and a copy of the package alone (what a wheel installs) finds
+them."""
 
 import fnmatch
 import os
@@ -27,6 +28,15 @@ def test_every_recipe_loads_by_name_as_by_path():
     assert config_file(name) == config_file(f"{name}.py") == RECIPES / f"{name}.py"
     cfg = load_config(name)
     assert isinstance(cfg, TrainConfig) and cfg == load_config(RECIPES / f"{name}.py"), name
+
+
+@pytest.mark.fast
+def test_the_checkouts_configs_paths_load_the_same_recipes():
+  configs = ROOT / "configs"
+  assert sorted(p.relative_to(configs).with_suffix("").as_posix()
+                for p in configs.rglob("*.py")) == names()
+  for name in names():
+    assert load_config(configs / f"{name}.py") == load_config(name), name
 
 
 @pytest.mark.fast

@@ -1,0 +1,4 @@
+"""Keeps `--config configs/deer_drafter_bidirectional_stage1.py` working:
+the shipped recipe of that name (`paraflax/recipes/`, installed with the package)."""
+
+from paraflax.recipes.deer_drafter_bidirectional_stage1 import get_config  # noqa: F401

@@ -1,0 +1,4 @@
+"""Keeps `--config configs/tiny_ar.py` working:
+the shipped recipe of that name (`paraflax/recipes/`, installed with the package)."""
+
+from paraflax.recipes.tiny_ar import get_config  # noqa: F401

@@ -171,7 +171,7 @@ def test_a_workdir_config_of_another_shape_names_the_file_and_the_field(micro, t
 @pytest.mark.fast
 def test_bool_fields_take_true_false_yes_no_in_any_case(micro):
   """`--set data_source_args.skip_bad_lines=true` (the README's spelling) and the like; a
-  union field (`run.scan_layers`: a bool or "auto") keeps its own parsing."""
+  union field that takes a bool (`run.scan_layers`: a bool or "auto") parses them alike."""
   jsonl = {"data_source": "jsonl", "data_source_args.paths": "a.jsonl"}
   for spelling, want in [("true", True), ("True", True), ("YES", True), (" no", False),
                          ("False", False), ("FALSE", False)]:
@@ -180,8 +180,10 @@ def test_bool_fields_take_true_false_yes_no_in_any_case(micro):
     assert dict(cfg.data_source_args)["skip_bad_lines"] is want
   with pytest.raises(ValueError, match="'data.progress' must be True or False, got 'maybe'"):
     apply_overrides(micro, {"data.progress": "maybe"})
-  with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 'yes'"):
-    apply_overrides(micro, {"run.scan_layers": "yes"})
+  for spelling, want in [("True", True), ("no", False), ("auto", "auto")]:
+    assert apply_overrides(micro, {"run.scan_layers": spelling}).run.scan_layers == want
+  with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 'maybe'"):
+    apply_overrides(micro, {"run.scan_layers": "maybe"})
 
 
 @pytest.mark.fast

@@ -30,18 +30,18 @@ BOOLS = {"true": True, "yes": True, "false": False, "no": False}
 
 def parse(value: Any, annotation) -> Any:
   """An override's value: a Python literal when the string is one ("1e-3", "None", "(1, 2)");
-  for a bool field, also true/false/yes/no in any case; for a string field, the string itself
-  unless it is a quoted string or None; for a float field, an int as a float. Union fields
-  keep their own parsing."""
+  for a field that takes a bool (`bool`, `bool | str`), also true/false/yes/no in any case;
+  for a string field, the string itself unless it is a quoted string or None; for a float
+  field, an int as a float."""
   if not isinstance(value, str):
     return value
-  if annotation is bool and value.strip().lower() in BOOLS:
+  kinds = fields.options(annotation)
+  if bool in kinds and value.strip().lower() in BOOLS:
     return BOOLS[value.strip().lower()]
   try:
     parsed = ast.literal_eval(value)
   except (ValueError, SyntaxError):
     return value  # a bare string such as a path
-  kinds = fields.options(annotation)
   if str in kinds and not isinstance(parsed, str):
     return None if parsed is None and type(None) in kinds else value
   if float in kinds and type(parsed) is int:

@@ -65,14 +65,16 @@ def test_while_loop_and_python_loop_agree(model, sampler):
 
 
 @pytest.mark.fast
-def test_twenty_calls_with_new_prompts_seeds_and_temperatures_compile_once(model):
+@pytest.mark.parametrize("steps_per_iter", [1, 2])
+def test_twenty_calls_with_new_prompts_seeds_and_temperatures_compile_once(model, steps_per_iter):
   rng = np.random.default_rng(0)
   before = TRACES["AR"]
   for i in range(20):
     prompts = [list(rng.integers(0, 48, rng.integers(1, 17))) for _ in range(3)]
     sampler = pf.TopK(k=int(rng.integers(1, 10)), temperature=float(rng.uniform(0.5, 1.5)))
     pf.generate(model, prompts, decoder=pf.decoders.AR(sampler), max_new_tokens=6,
-                rng=jax.random.key(i), eos_id=int(rng.integers(0, 48)), max_prompt_len=16)
+                rng=jax.random.key(i), eos_id=int(rng.integers(0, 48)), max_prompt_len=16,
+                steps_per_iter=steps_per_iter)
   assert TRACES["AR"] - before == 1
 
 

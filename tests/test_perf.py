@@ -12,7 +12,8 @@ import pytest
 from conftest import ENVIRON, background_job, background_result
 
 from paraflax import cli
-from paraflax.perf import batches, flops, rows, tables, train
+from paraflax import devices
+from paraflax.perf import batches, rows, tables, train
 from paraflax.perf.report import Report
 from paraflax.perf.trace import trace_summary
 from paraflax.training import flops as training_flops
@@ -28,9 +29,9 @@ def _rows(path):
 
 @pytest.mark.fast
 def test_the_weight_read_floor_is_bytes_over_bandwidth():
-  assert flops.floor_ms(48 * 10**8, "NVIDIA H200") == pytest.approx(1.0)  # 4.8 GB at 4.8 TB/s
-  assert flops.floor_ms(2 * 10**9, "NVIDIA H100 PCIe") == pytest.approx(1.0)  # not the SXM part
-  assert flops.floor_ms(10**9, "cpu") is None
+  assert devices.floor_ms(48 * 10**8, "NVIDIA H200") == pytest.approx(1.0)  # 4.8 GB at 4.8 TB/s
+  assert devices.floor_ms(2 * 10**9, "NVIDIA H100 PCIe") == pytest.approx(1.0)  # not the SXM part
+  assert devices.floor_ms(10**9, "cpu") is None
 
 
 @pytest.mark.fast

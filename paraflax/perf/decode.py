@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from paraflax import methods
-from paraflax.perf.flops import floor_ms
+from paraflax.devices import floor_ms
 from paraflax.perf.shapes import model_config, random_model
 
 SMALL_DRAFTER = dict(d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=384)

@@ -31,25 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from paraflax.devices import peak_flops  # noqa: F401 (MFU's denominator, read from here)
 from paraflax.model.config import ModelConfig
-
-# bf16 dense peak FLOP/s per device, by a substring of `jax.Device.device_kind` (first match
-# wins). NVIDIA H100 / H200 / A100 datasheets (the sparsity figures halved); Google Cloud TPU
-# system-architecture pages (v4, v5e = "TPU v5 lite", v5p = "TPU v5", v6e = "TPU v6 lite").
-PEAKS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
-    ("A100", 312e12), ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
-    ("TPU v5p", 459e12), ("TPU v5", 459e12), ("TPU v6 lite", 918e12), ("TPU v6e", 918e12))
-
-
-def peak_flops(device_kind: str | None = None) -> float | None:
-  """bf16 dense peak FLOP/s of a device kind (default: the first JAX device's), or None where
-  it is not known (CPU, other accelerators)."""
-  if device_kind is None:
-    import jax
-    device_kind = jax.devices()[0].device_kind
-  return next((peak for name, peak in PEAKS if name in device_kind), None)
-
 
 def tflops_per_device(flops: float, seconds: float, devices: int = 1) -> float:
   """Achieved TFLOP/s per device: `flops` done by `devices` together in `seconds`."""

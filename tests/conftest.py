@@ -11,13 +11,20 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from flax import nnx
+# The suite compiles hundreds of small programs and runs each a few times: XLA:CPU's LLVM
+# backend at -O0 compiles them faster than it loses running them (about a fifth off the whole
+# suite, docs/testing.md). HLO optimisation is unchanged; every exactness test compares
+# programs compiled alike. Set before JAX starts its backend; subprocesses inherit it.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
 
-import paraflax as pf
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import paraflax as pf  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

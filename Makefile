@@ -35,7 +35,7 @@ $(MIN)/.installed: pyproject.toml Makefile $(call stale,$(MIN))
 demo: $(VENV)/.installed
 	$(VENV)/bin/paraflax demo
 
-# The lower bounds' fast tier runs beside the whole suite (pytest keeps about one of the two
+# The lower bounds' fast tier runs beside the whole suite (pytest keeps about 1.4 of the two
 # cores busy), with a cache of its own; its output follows the suite's. Either failing, or
 # collecting no test (pytest's exit 5), fails `make test`.
 test: $(VENV)/.installed $(MIN)/.installed

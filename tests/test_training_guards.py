@@ -187,6 +187,26 @@ def test_bool_fields_take_true_false_yes_no_in_any_case(micro):
 
 
 @pytest.mark.fast
+def test_a_model_directory_is_refused_as_the_workdir_and_left_untouched(tmp_path, capsys,
+                                                                         monkeypatch):
+  """`train --workdir` pointed at a Hugging Face directory or a convert output is one line
+  saying to start from it with --hf; not even a lock file is written there."""
+  monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
+  hf, converted = tmp_path / "hf", tmp_path / "converted"
+  for path, files in ((hf, ("config.json", "model.safetensors")),
+                      (converted, ("config.json", "hf_config.json", "tokenizer.json"))):
+    path.mkdir()
+    for name in files:
+      (path / name).write_text("{}")
+  for path, what in ((hf, "Hugging Face directory"), (converted, "paraflax convert output")):
+    before = sorted(p.name for p in path.iterdir())
+    assert cli.main(["train", "--config", CONFIG, "--workdir", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"is a {what}, not a training workdir: start from it with --hf {path}" in err
+    assert "\n" not in err and sorted(p.name for p in path.iterdir()) == before
+
+
+@pytest.mark.fast
 def test_a_run_refused_by_its_data_leaves_no_workdir_and_no_lock(tmp_path, capsys, monkeypatch):
   """Data checks run under the workdir's lock: a refused run removes the lock file (and the
   directory) it made, as nothing else was written."""

@@ -41,10 +41,11 @@ import numpy as np
 from etils import epath
 from tqdm.auto import tqdm
 
+from paraflax import destination
 from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
 from paraflax.parallel import sharding
-from paraflax.paths import as_path
+from paraflax.paths import as_path, is_remote
 from paraflax.training import flops, interrupt, lock, optim
 from paraflax.training.checkpoint import Checkpoints
 from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
@@ -137,11 +138,21 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   """
   cfg = with_resolved_paths(cfg)
   workdir = as_path(workdir)
+  _check_not_a_model(workdir)
   obj = objective(cfg.objective)
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
     return _train(cfg, workdir, obj.bind(cfg.objective_args), obj.needs_step, mesh,
                   progress=progress, max_steps=max_steps, profile_steps=profile_steps)
+
+
+def _check_not_a_model(workdir: epath.Path) -> None:
+  """Refuse a Hugging Face directory or a `paraflax convert` output as the workdir before its
+  lock is taken: a run would write checkpoints into the user's model."""
+  what = None if is_remote(workdir) else destination.kind(workdir)
+  if what in (destination.HF, destination.CONVERTED):
+    raise ValueError(f"{str(workdir)!r} is a {what}, not a training workdir: start from it "
+                     f"with --hf {workdir} (or init_from) and give a new --workdir")
 
 
 def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mesh, *,

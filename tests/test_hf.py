@@ -20,7 +20,6 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax.hf import (
-  convert_hf,
   encode_prompt,
   export_hf,
   load_hf,
@@ -30,6 +29,7 @@ from paraflax.hf import (
 from paraflax.hf.load import abstract_model
 from paraflax.hf.safetensors_io import read_header, read_tensor, write_safetensors
 from paraflax.training import load_trained
+from paraflax.training.convert import convert_hf
 
 torch, transformers = reference_libs()
 

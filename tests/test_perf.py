@@ -140,13 +140,18 @@ def test_slots_rows(tmp_path):
 def test_decode_rows_are_exact_against_ar(tmp_path, capsys):
   path = tmp_path / "decode.json"
   assert cli.main(["perf", "decode", *MICRO, "--prompt-len", "16", "--new-tokens", "8",
-                   "--decoders", "ar,prompt-lookup,speculative", "--json", str(path)]) == 0
+                   "--decoders", "ar,prompt-lookup,speculative", "--cost", "--json",
+                   str(path)]) == 0
   got = {r["decoder"]: r for r in _rows(path)}
   assert list(got) == ["ar", "prompt-lookup", "speculative"]
   for r in got.values():
     assert r["exact_vs_ar"] == 1.0 and r["tokens_per_forward"] >= 1.0 and r["ms_per_step"] > 0
     assert r["batch"] == 2 and r["new_tokens"] == 8 and r["dtype"] == "float32"
     assert r["floor_ms"] is None  # no bandwidth known for a CPU
+    # the step's XLA cost: at least every weight read once, the drafter's too
+    assert r["bytes_per_floor"] >= 1.0 and r["step_flops"] > 0 and r["step_ops"] > 0
+  assert got["speculative"]["floor_bytes"] > got["ar"]["floor_bytes"]  # + the drafter's
+  assert "| XLA bytes / floor |" in tables.render(list(got.values()))  # shown where measured
   assert got["ar"]["speedup_vs_ar"] == 1.0 and got["ar"]["steps"] == 7  # the prefill gives one
   assert got["prompt-lookup"]["tokens_per_forward"] > 1.0  # the repetitive prompts' case
   assert got["speculative"]["draft_forwards"] > 0

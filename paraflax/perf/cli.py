@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     if part == "decode":
       q.add_argument("--transformers", action="store_true", default=None,
                      help="add transformers' generate on the same weights and device")
+      q.add_argument("--cost", action="store_true", default=None,
+                     help="add XLA's cost analysis of each decoder's step: bytes, FLOPs and "
+                          "ops against the weight + cache floor (one more compile each)")
     if part == "family":
       q.add_argument("--no-mr", dest="mr", action="store_false", default=None,
                      help="leave out the Jacobi + MR rows")

@@ -1,7 +1,9 @@
 """`paraflax perf decode`: every generate decoder of the method table (`paraflax.methods`) on
 random weights of a shape, warm: milliseconds per decode step against the weight-read floor,
-tokens per forward, tokens/s, and greedy equality with AR; optionally transformers' `generate`
-on the same weights and device, and a profile of each decoder's call."""
+tokens per forward, tokens/s, and greedy equality with AR; optionally XLA's cost analysis of
+each decoder's step (`decoding/cost.py`: bytes, FLOPs and ops against the floor),
+transformers' `generate` on the same weights and device, and a profile of each decoder's
+call."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class DecodePlan:
   transformers: bool = False  # add transformers' `generate` on the same weights (rows
   #   with decoder "transformers"), through a Hugging Face directory
   profile: str | None = None  # a directory: one traced call per decoder, its summary in the row
+  cost: bool = False  # XLA's cost analysis of each decoder's step (one more compile each)
 
 
 def repetitive_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -115,6 +118,8 @@ def run(plan: DecodePlan, add, log) -> list[str]:
         ar = ar or {**r, "rows": rows}
         if m.name not in plan.decoders:
           continue  # the reference only
+        if plan.cost:
+          r.update(step_cost(model, m, b, plan, drafts.get(m.drafter)))
         if plan.profile:
           from paraflax.perf.trace import profiled
           r["trace"] = profiled(call, Path(plan.profile), f"{m.name}_batch{b}")
@@ -133,6 +138,18 @@ def run(plan: DecodePlan, add, log) -> list[str]:
           add({**head, "decoder": "transformers", "batch": b, **hf, "tokens_per_forward": 1.0,
                "speedup_vs_ar": hf["tokens_per_s"] / ar["tokens_per_s"], "exact_vs_ar": same})
   return errors
+
+
+def step_cost(model, m, batch: int, plan: DecodePlan, draft) -> dict:
+  """The row fields of `decoding.cost.step_cost` for method `m` as `run` times it: per decode
+  step, the bytes XLA's cost analysis says the compiled loop body accesses, its FLOPs and
+  ops, and the bytes against the floor (every weight once and the filled cache)."""
+  from paraflax.decoding.cost import step_cost as analyse
+  c = analyse(model, m.make(), batch=batch, cache_len=plan.prompt_len,
+              max_new_tokens=plan.new_tokens, draft_model=draft)
+  return {"step_bytes": c["bytes_accessed"], "step_flops": c["flops"], "step_ops": c["ops"],
+          "floor_bytes": c["floor_bytes"], "bytes_per_floor": c["bytes_per_floor"],
+          "steps_per_iter": c["steps_per_iter"]}
 
 
 def same_rows(reference: list, rows: list) -> float:

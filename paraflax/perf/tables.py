@@ -45,6 +45,7 @@ COLUMNS = {
                ("new tokens", lambda r: r["new_tokens"]),
                ("ms/step", lambda r: fmt(r["ms_per_step"], ".3f")),
                ("weight-read floor ms", lambda r: fmt(r.get("floor_ms"), ".3f")),
+               ("XLA bytes / floor", lambda r: fmt(r.get("bytes_per_floor"))),
                ("tokens/forward", lambda r: fmt(r["tokens_per_forward"])),
                ("tokens/s", lambda r: fmt(r["tokens_per_s"], ".1f")),
                ("speedup vs AR", lambda r: fmt(r.get("speedup_vs_ar")) + "x" * (
@@ -78,6 +79,10 @@ def table(columns, rows) -> list[str]:
   return lines + ["| " + " | ".join(str(f(r)) for _, f in columns) + " |" for r in rows]
 
 
+# columns shown only where some row of the table has their field (measured on request)
+OPTIONAL = {"XLA bytes / floor": "bytes_per_floor"}
+
+
 def render(rows: list[dict]) -> str:
   """The tables of `rows`: one per device and kind (the family's stages and bench apart), each
   under the device, backend and JAX version, followed by the commands that measured it."""
@@ -88,7 +93,9 @@ def render(rows: list[dict]) -> str:
   out = []
   for (device, backend, _, part), rs in sorted(groups.items(), key=lambda kv: kv[0][2]):
     jax = ", ".join(sorted({r["jax"] for r in rs}))
-    out += [f"**{part}** on {device} ({backend}), JAX {jax}", "", *table(COLUMNS[part], rs), ""]
+    columns = [c for c in COLUMNS[part] if c[0] not in OPTIONAL or any(OPTIONAL[c[0]] in r
+                                                                       for r in rs)]
+    out += [f"**{part}** on {device} ({backend}), JAX {jax}", "", *table(columns, rs), ""]
     if part == "slots" and (shares := cache_shares(rs)):
       out += ["The filled cache's share of a forward, 1 - t(short cache) / t(long cache):", "",
               *table([("shape", lambda s: s["shape"]), ("batch", lambda s: s["batch"]),

@@ -14,9 +14,12 @@ from typing import Any, Callable
 # The suite compiles hundreds of small programs and runs each a few times: XLA:CPU's LLVM
 # backend at -O0 compiles them faster than it loses running them (about a fifth off the whole
 # suite, docs/testing.md). HLO optimisation is unchanged; every exactness test compares
-# programs compiled alike. Set before JAX starts its backend; subprocesses inherit it.
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+# programs compiled alike. Set before JAX starts its backend (CPU runs only, and not over a
+# level already given); subprocesses inherit it.
+if (os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
+    and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+  os.environ["XLA_FLAGS"] = " ".join(
+      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -195,6 +195,8 @@ def test_bad_value_is_one_clear_line():
                      r"RunControl\(attention=...\)") as e:
     pf.ModelConfig(**MICRO, attention="xla")  # the keyword of schema 2
   assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="attention must be one of auto, xla"):
+    attention.resolve("flash", "cpu", jnp.float32)  # called directly, not through RunControl
 
 
 def test_setting_is_run_control_and_not_in_hf_configs():

@@ -17,7 +17,8 @@ from paraflax.data.source import SOURCES, TrainData, get_source, register_source
 from paraflax.data.tokenizer import train_tokenizer
 from paraflax.training import (OBJECTIVES, TrainConfig, apply_overrides, load_config, load_trained,
                                train)
-from paraflax.model.config import ModelConfig
+from paraflax.model.config import MOVED, ModelConfig
+from paraflax.model.run import FIELDS
 from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.model.run import RunControl
 from paraflax.training.config import SCHEMA, config_differences
@@ -87,6 +88,11 @@ def test_schema_2_run_control_moves_from_the_model_to_run_and_resumes(micro):
   assert cfg.run == RunControl(attention="xla", remat="full", scan_layers=True, loss_chunk=64)
   assert cfg.model == micro.model and dataclasses.replace(cfg, run=micro.run) == micro
   assert config_differences(cfg, micro) == []
+  # a dict without `schema` (read as schema 1) keeps the `run` it gives
+  given = {k: v for k, v in new.items() if k != "schema"}
+  given["run"] = {**new["run"], "remat": "full"}
+  assert TrainConfig.from_dict(given).run.remat == "full"
+  assert MOVED == FIELDS  # the keywords that moved are schema 2's list: today every field
   with pytest.warns(DeprecationWarning, match="'model.remat' is now 'run.remat'"):
     assert apply_overrides(micro, {"model.remat": "full"}).run.remat == "full"
     with pytest.raises(ValueError, match="'run.remat' is set twice"):

@@ -61,6 +61,8 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
+  if attention not in IMPLEMENTATIONS:
+    raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {attention!r}")
   if attention != "auto":
     if attention in ACCELERATED and backend == "cpu":
       raise ValueError(f"attention={attention!r} needs a GPU or TPU; this backend is cpu "

@@ -1,7 +1,7 @@
 """Device meshes and the one rules table from logical axis names to mesh axes.
 
 Params name their dims with logical axes (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`; see
-`model.py`); batches and caches use `batch`. `RULES` maps each name to mesh axes of the
+`model/transformer.py`); batches and caches use `batch`. `RULES` maps each name to mesh axes of the
 `(data, fsdp, tensor)` mesh: batch over data x fsdp (data parallel + FSDP), params' `embed`
 over fsdp (FSDP), heads / kv heads / mlp / vocab over tensor (tensor parallel). A dim whose
 size the mesh axes do not divide is replicated rather than refused (e.g. 2 kv heads on an

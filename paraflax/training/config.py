@@ -18,7 +18,7 @@ from typing import Any
 from paraflax.data.pipeline import DataConfig
 from paraflax.data.source import DataSource, as_pairs, get_source, source_args
 from paraflax.json_io import read_json_object
-from paraflax.model.config import ModelConfig
+from paraflax.model.config import MOVED, ModelConfig
 from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.model.run import RunControl
 from paraflax.parallel.sharding import MeshConfig
@@ -234,7 +234,11 @@ def migrate(d: Mapping) -> dict:
       d["data_source"], d["data_source_args"] = stores[0]
   if schema < 3 and isinstance(d.get("model"), Mapping):
     model = dict(d["model"])
-    d["model"], d["run"] = model, {k: model.pop(k) for k in RUN_FIELDS if k in model}
+    moved = {k: model.pop(k) for k in MOVED if k in model}
+    d["model"] = model
+    if moved:
+      run = d.get("run") or {}
+      d["run"] = {**moved, **run} if isinstance(run, Mapping) else run
   return d
 
 

@@ -22,6 +22,7 @@ import jax
 from flax import nnx
 
 from paraflax import destination
+from paraflax.data.pipeline import DataConfig
 from paraflax.hf.config import read_hf_config
 from paraflax.hf.load import load_hf
 from paraflax.hf.tokenizer import load_hf_tokenizer
@@ -36,9 +37,6 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
   As `export_hf`: `out` must be absent or empty, or `overwrite` given (an earlier convert
   output, say); never a training workdir, a store or `src`, nor inside or around one; the
   directory appears whole (`destination.replacing`)."""
-  from paraflax.data.pipeline import DataConfig  # heavy: imported only when converting
-  from paraflax.training.config import TrainConfig
-
   t0 = time.perf_counter()
   src = Path(src).expanduser()
   hf_cfg = read_hf_config(src)
@@ -59,7 +57,6 @@ def _write(out: Path, train_cfg, hf_cfg: dict, tokenizer, model) -> None:
   """The files of the module docstring into the directory `out`."""
   import orbax.checkpoint as ocp
 
-  from paraflax.training.checkpoint import CHECKPOINTS, write_manifest
   (out / "config.json").write_text(json.dumps(train_cfg.to_dict(), indent=2) + "\n")
   (out / "hf_config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
   tokenizer.save(out)  # with its roles, so that export writes every EOS id back

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paraflax.data.source import source_class
-from paraflax.model.run import FIELDS as RUN_FIELDS
+from paraflax.model.config import MOVED
 from paraflax.training import fields
 
 ARGS = {"objective_args": "objective", "data_source_args": "data_source"}  # args -> their name
@@ -125,7 +125,7 @@ def _moved_run_control(cfg, overrides: dict) -> dict:
   out = {}
   for key, value in overrides.items():
     head, _, name = key.partition(".")
-    if head == "model" and name in RUN_FIELDS and hasattr(cfg, "run"):
+    if head == "model" and name in MOVED and hasattr(cfg, "run"):
       warnings.warn(f"config field {key!r} is now 'run.{name}'", DeprecationWarning,
                     stacklevel=3)
       key = f"run.{name}"

@@ -15,6 +15,7 @@ from paraflax.model.transformer import Queries, Transformer
 from paraflax.parallel import distributed, sharding
 from paraflax.parallel.sharding import MeshConfig, make_mesh
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
+from paraflax.training.convert import convert_hf
 
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",
@@ -25,10 +26,3 @@ __all__ = [
     "MeshConfig", "distributed", "make_mesh", "sharding",
 ]
 
-
-def __getattr__(name: str):
-  """`convert_hf` writes a training workdir: the training floor, imported on first use."""
-  if name == "convert_hf":
-    from paraflax.training.convert import convert_hf
-    return convert_hf
-  raise AttributeError(f"module 'paraflax' has no attribute {name!r}")

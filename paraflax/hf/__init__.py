@@ -13,10 +13,3 @@ from paraflax.hf.tokenizer import encode_prompt, load_hf_tokenizer
 __all__ = ["SUPPORTED", "encode_prompt", "export_hf",
            "hf_config_from_model", "load_hf", "load_hf_tokenizer", "model_config_from_hf"]
 
-
-def __getattr__(name: str):
-  """`paraflax.hf.convert_hf` moved to `paraflax.training.convert` (deprecated: one release)."""
-  if name == "convert_hf":
-    from paraflax.hf.convert import convert_hf  # the old path's shim: it warns
-    return convert_hf
-  raise AttributeError(f"module 'paraflax.hf' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from paraflax.model.transformer import Queries, Transformer
 from paraflax.parallel import distributed, sharding
 from paraflax.parallel.sharding import MeshConfig, make_mesh
 from paraflax.sampling import Greedy, Temperature, TopK, TopP
-from paraflax.training.convert import convert_hf
+from paraflax.training.workdirs.convert import convert_hf
 
 __all__ = [
     "HOLE", "ChunkKV", "GenerateOutput", "Greedy", "InfillOutput", "KVCache", "ModelConfig",

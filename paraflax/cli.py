@@ -57,7 +57,7 @@ def _report(summary: dict) -> None:
 def cmd_collect(args):
   from paraflax.parallel import distributed
   distributed.initialize_from_args(args)  # before any other JAX work
-  from paraflax.training import collect, trajectories
+  from paraflax.training.stores import collect, trajectories
   cfg = _call(trajectories.CollectConfig, args)
   _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
                                        data=args.data))
@@ -66,7 +66,7 @@ def cmd_collect(args):
 def cmd_teacher_data(args):
   from paraflax.parallel import distributed
   distributed.initialize_from_args(args)  # before any other JAX work
-  from paraflax.training import collect, teacher
+  from paraflax.training.stores import collect, teacher
   cfg = _call(teacher.TeacherConfig, args)
   _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
                                data=args.data))
@@ -75,7 +75,7 @@ def cmd_teacher_data(args):
 def _mesh(value: str):
   """`--mesh 1,8,1`: a mesh spec as `train --set mesh=...` takes it (sizes, -1 = the rest)."""
   from paraflax.parallel.meshes import MeshConfig
-  from paraflax.training.overrides import parse
+  from paraflax.training.config.overrides import parse
   try:
     return MeshConfig.of(parse(value, object))
   except (ValueError, TypeError) as e:
@@ -105,7 +105,7 @@ def _collect_flags(q) -> None:
 
 
 def cmd_convert(args):
-  from paraflax.training.convert import convert_hf
+  from paraflax.training.workdirs.convert import convert_hf
   info = convert_hf(args.from_hf, args.out, overwrite=args.overwrite)
   print(json.dumps({k: str(v) for k, v in info.items()}))
 
@@ -121,7 +121,7 @@ def cmd_export(args):
 
 
 def cmd_checksum(args):
-  from paraflax.training.checkpoint import checksum_workdir
+  from paraflax.training.workdirs.checkpoint import checksum_workdir
   print(json.dumps(checksum_workdir(args.workdir, args.step)))
 
 

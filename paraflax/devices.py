@@ -1,5 +1,5 @@
 """What paraflax knows of accelerators: bf16 dense peak FLOP/s and memory bandwidth per device
-kind, spec-sheet figures, for MFU (`training/flops.py`) and the weight-read floor of a decode
+kind, spec-sheet figures, for MFU (`training/run/flops.py`) and the weight-read floor of a decode
 step (`perf decode`).
 
 Rows are matched by a substring of `jax.Device.device_kind`, the first match winning (so

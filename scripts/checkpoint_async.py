@@ -13,7 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from paraflax.training.checkpoint import Checkpoints
+from paraflax.training.workdirs.checkpoint import Checkpoints
 
 
 def main():

@@ -25,9 +25,9 @@ from paraflax import decoders
 from paraflax.evaluation.bench import Method, run_bench
 from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.loading import load_drafter, load_model
-from paraflax.training.config import load_config
-from paraflax.training.deer import supervised_targets
-from paraflax.training.overrides import apply_overrides
+from paraflax.training.config.overrides import apply_overrides
+from paraflax.training.config.train import load_config
+from paraflax.training.objectives.deer import supervised_targets
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFTERS = [  # (name, workdir, the configs of its training stages)

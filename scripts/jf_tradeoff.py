@@ -21,12 +21,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from paraflax import decoders  # noqa: E402
-from paraflax.evaluation.humaneval import humaneval_prompts  # noqa: E402
-from paraflax.evaluation.bench import Method, run_bench  # noqa: E402
-from paraflax.methods import MR_SETTINGS, mr_decoder  # noqa: E402
-from paraflax.evaluation.quality import heldout_batches, heldout_loss  # noqa: E402
-from paraflax.training import load_trained  # noqa: E402
 from paraflax.decoding.generate import generate  # noqa: E402
+from paraflax.evaluation.bench import Method, run_bench  # noqa: E402
+from paraflax.evaluation.humaneval import humaneval_prompts  # noqa: E402
+from paraflax.evaluation.quality import heldout_batches, heldout_loss  # noqa: E402
+from paraflax.methods import MR_SETTINGS, mr_decoder  # noqa: E402
+from paraflax.training import load_trained  # noqa: E402
 
 
 def distinct_ngrams(rows, n: int = 4) -> float:

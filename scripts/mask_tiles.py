@@ -1,7 +1,7 @@
 """The skippable-tile table: each objective's training mask at a row length, split into
 (query block, key block) tiles, with the share a tiled attention kernel can skip (empty),
 run without a mask (full) or must mask (partial). Printed as markdown
-(`paraflax.training.mask_tiles.tile_table`; the table in docs/performance.md).
+(`paraflax.training.objectives.mask_tiles.tile_table`; the table in docs/performance.md).
 
     python scripts/mask_tiles.py                          # 4096 tokens, 128 x 128 tiles
     python scripts/mask_tiles.py --seq-len 2048 --tile 512
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from paraflax.training.mask_tiles import tile_table
+from paraflax.training.objectives.mask_tiles import tile_table
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax.model.run import REMAT
-from paraflax.training.ar import ar
+from paraflax.training.objectives.ar import ar
 
 
 def temp_bytes(cfg: pf.ModelConfig, run: pf.RunControl, batch: int, seq: int) -> int:

@@ -39,9 +39,10 @@ def main(argv=None) -> int:
   import numpy as np
 
   from paraflax.parallel import sharding
-  from paraflax.training import load_config, optim
-  from paraflax.training.objectives import get_objective
-  from paraflax.training.trainer import init_opt_state, init_params, jit_train_step
+  from paraflax.training import load_config
+  from paraflax.training.objectives.protocol import get_objective
+  from paraflax.training.run import optim
+  from paraflax.training.run.trainer import init_opt_state, init_params, jit_train_step
 
   cfg = load_config(args.config)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)

@@ -24,7 +24,7 @@ from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.evaluation.quality import heldout_batches, heldout_metrics
 from paraflax.model import masks
 from paraflax.training import load_trained
-from paraflax.training.tidar import doubled
+from paraflax.training.objectives.tidar import doubled
 
 
 def agreement(model, prompts, rows, lengths, k: int) -> np.ndarray:

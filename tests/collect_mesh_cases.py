@@ -11,13 +11,13 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import StubTokenizer, compiled_micro_model
 from jax.sharding import PartitionSpec as P
 
 from paraflax.decoding.generate import TRACES
 from paraflax.parallel import sharding
-from paraflax.training import store, teacher, trajectories
-from paraflax.training.shares import Share
+from paraflax.training.stores import store, teacher, trajectories
+from paraflax.training.stores.shares import Share
+from conftest import StubTokenizer, compiled_micro_model
 
 MESHES = [(2, 2, 2), (1, 8, 1)]
 TRAJ = trajectories.CollectConfig(block_size=4, num_blocks=2, examples=20, min_prompt_len=3,

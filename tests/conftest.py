@@ -70,7 +70,7 @@ def micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> pf.Transf
 def compiled_micro_model(seed: int = 0, logit_std: float = 3.0, **overrides) -> pf.Transformer:
   """`micro_model` built in two compiled calls (init, one forward) instead of op by op, for
   subprocess tests where eager initialisation would dominate; identical on every process."""
-  from paraflax.training.trainer import init_params
+  from paraflax.training.run.trainer import init_params
   cfg = pf.ModelConfig(**{**MICRO, **overrides})
   model = nnx.merge(*init_params(cfg, seed))
   tokens = jax.random.randint(jax.random.key(seed), (4, 16), 0, cfg.vocab_size)

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 
 from paraflax.parallel import sharding
-from paraflax.training import teacher, trajectories
-from paraflax.training.shares import Share
+from paraflax.training.stores import teacher, trajectories
+from paraflax.training.stores.shares import Share
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect_mesh_cases import TEACH, TOKENS, TRAJ

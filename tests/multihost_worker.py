@@ -25,8 +25,8 @@ from jax.experimental import multihost_utils
 
 import paraflax as pf
 from paraflax.parallel import sharding
-from paraflax.training.objectives import get_objective
-from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
+from paraflax.training.objectives.protocol import get_objective
+from paraflax.training.run.trainer import init_opt_state, jit_train_step, train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import compiled_micro_model

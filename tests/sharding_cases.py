@@ -13,7 +13,6 @@ import jax
 import numpy as np
 import optax
 import pytest
-from conftest import compiled_micro_model
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -22,11 +21,12 @@ import paraflax as pf
 from paraflax.decoding.generate import TRACES
 from paraflax.parallel import sharding
 from paraflax.training import load_config, load_trained, read_metrics, train
-from paraflax.training.checkpoint import Checkpoints
-from paraflax.training.dry_run import dry_run_from_config_path
-from paraflax.training.objectives import get_objective
-from paraflax.training.recipes import RECIPES
-from paraflax.training.trainer import init_opt_state, jit_train_step, train_step
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.objectives.protocol import get_objective
+from paraflax.training.run.dry_run import dry_run_from_config_path
+from paraflax.training.run.trainer import init_opt_state, jit_train_step, train_step
+from paraflax.training.workdirs.checkpoint import Checkpoints
+from conftest import compiled_micro_model
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 1, 8)]
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 3, 3, 3], [1, 2, 1, 2, 1, 2],

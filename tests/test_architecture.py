@@ -86,8 +86,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 @pytest.mark.fast
 def test_the_graph_sees_imports_inside_functions_and_skips_init_reexports():
   graph = import_graph()
-  assert "paraflax.training.store" in graph["paraflax.training.teacher"]  # `from pkg import mod`
-  assert "paraflax.training.config" not in graph["paraflax.training"]
+  # `from pkg import mod`
+  assert "paraflax.training.stores.store" in graph["paraflax.training.stores.teacher"]
+  assert "paraflax.training.config.train" not in graph["paraflax.training"]
   assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -120,7 +121,7 @@ def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def folder_of(module: str) -> str:
-  """The folder a module lives in (`paraflax.training.step` -> `paraflax.training`); a loose
+  """The folder a module lives in (`paraflax.training.run.step` -> `paraflax.training`); a loose
   module is a folder of its own."""
   parts = module.split(".")
   return ".".join(parts[:2]) if (ROOT.parent / Path(*parts[:2])).is_dir() else module
@@ -141,13 +142,13 @@ def test_no_import_goes_up_a_floor_at_module_level_or_inside_a_function():
   assert upward({"paraflax.model.masks": {"paraflax.cli"}}) == {("paraflax.model.masks",
                                                                  "paraflax.cli")}
   graph = import_graph()
-  assert "paraflax.hf" in graph["paraflax.training.workdir"]  # an import inside a function
+  assert "paraflax.hf" in graph["paraflax.training.workdirs.workdir"]  # an import inside a function
   assert upward(graph) == set()
 
 
 @pytest.mark.fast
 def test_no_loop_between_folders():
-  assert folder_of("paraflax.training.step") == "paraflax.training"
+  assert folder_of("paraflax.training.run.step") == "paraflax.training"
   assert folder_of("paraflax.recipes.hf.sft") == "paraflax.recipes"
   assert folder_of("paraflax.json_io") == "paraflax.json_io"
   graph = folders(import_graph())
@@ -169,7 +170,8 @@ def reexports_only(path: Path) -> bool:
       return True
     if isinstance(node, ast.Expr):  # a docstring or a bare call such as warnings.warn(...)
       return isinstance(node.value, (ast.Constant, ast.Call))
-    return isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["__all__"]
+    return (isinstance(node, ast.Assign)
+            and [getattr(t, "id", "") for t in node.targets] == ["__all__"])
   return path.name != "__init__.py" and bool(body) and all(map(passive, body))
 
 
@@ -190,10 +192,28 @@ def test_no_module_only_reexports_another_and_no_package_looks_names_up_lazily(t
 @pytest.mark.fast
 @pytest.mark.parametrize("floor", ["decoding", "training"])
 def test_files_in_the_growing_floors_stay_small(floor):
-  sizes = {p.name: len(p.read_text().splitlines()) for p in sorted((ROOT / floor).glob("*.py"))}
+  sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+           for p in sorted((ROOT / floor).rglob("*.py"))}
   assert len(sizes) > 5
   long = {name: n for name, n in sizes.items() if n >= 400}
   assert long == {}, long
+
+
+def lines(folder: Path) -> int:
+  return sum(len(p.read_text().splitlines()) for p in folder.rglob("*.py"))
+
+
+@pytest.mark.fast
+def test_training_is_rooms_of_at_most_12_modules_none_over_15_percent_of_the_library():
+  rooms = [d for d in sorted((ROOT / "training").rglob("*")) if d.is_dir()
+           and d.name != "__pycache__"]
+  assert len(rooms) >= 4
+  crowded = {d.name: n for d in [ROOT / "training", *rooms]
+             if (n := len([*d.glob("*.py")])) > 12}
+  assert crowded == {}, crowded
+  total = lines(ROOT)
+  heavy = {d.name: f"{lines(d) / total:.0%}" for d in rooms if lines(d) > 0.15 * total}
+  assert heavy == {}, heavy
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import micro_model
 from flax import nnx
 
-from paraflax.training import asarm
+from paraflax.training.objectives import asarm
+from conftest import micro_model
 
 
 @pytest.mark.fast

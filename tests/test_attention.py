@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MICRO
 from flax import nnx
 
 import paraflax as pf
@@ -22,7 +21,8 @@ from paraflax.hf.config import hf_config_from_model, model_config_from_hf
 from paraflax.model import attention, masks
 from paraflax.model.cache import ChunkKV, commit, init_cache
 from paraflax.model.transformer import Queries
-from paraflax.training.config import TrainConfig, config_differences, load_config
+from paraflax.training.config.train import TrainConfig, config_differences, load_config
+from conftest import MICRO
 
 H, HKV, D = 4, 2, 8
 C, P, N = masks.CLEAN, masks.PROMPT, masks.NOISY

@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import compiled_forward
 from flax import nnx
 
 from paraflax.model import attention, masks
 from paraflax.model import mask_structure as ms
 from paraflax.model.transformer import Queries
-from paraflax.training import jacobi_forcing as jf
-from paraflax.training.step import init_params
+from paraflax.training.objectives import jacobi_forcing as jf
+from paraflax.training.run.step import init_params
+from conftest import compiled_forward
 
 pytestmark = pytest.mark.fast
 

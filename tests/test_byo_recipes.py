@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokenizers
-from conftest import full_logits, reference_libs
 from flax import nnx
 
 import paraflax as pf
@@ -20,6 +19,7 @@ from paraflax import cli
 from paraflax.data.chat import chat_template
 from paraflax.hf import auto_tokenizer, export_hf, load_hf_tokenizer
 from paraflax.training import load_trained
+from conftest import full_logits, reference_libs
 
 torch, transformers = reference_libs()
 
@@ -171,7 +171,7 @@ def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tm
       [{"role": "user", "content": "print(1)\n  x"}], add_generation_prompt=True)
   assert chat["input_ids"] == source.encode(
       "<|im_start|>user\nprint(1)\n  x<|im_end|>\n<|im_start|>assistant\n")
-  from paraflax.training.trainer import init_params
+  from paraflax.training.run.trainer import init_params
   methods = source.with_special_tokens({"mask": "<mask>", "sep": "<sep>"})
   cfg = pf.ModelConfig(vocab_size=methods.vocab_size, d_model=16, n_layers=1, n_heads=2,
                        n_kv_heads=1, d_ff=32, max_seq_len=64, qkv_bias=True,

@@ -15,11 +15,12 @@ import pytest
 from flax import nnx
 
 from paraflax import cli
-from paraflax.training import load_config, load_trained, optim, train
-from paraflax.training.checkpoint import CheckpointReadError, Checkpoints, verify_step
-from paraflax.training.checksums import ChecksumError, ChecksumWarning
+from paraflax.training import load_config, load_trained, train
 from paraflax.training.family import ship
-from paraflax.training.trainer import init_opt_state, init_params
+from paraflax.training.run import optim
+from paraflax.training.run.trainer import init_opt_state, init_params
+from paraflax.training.workdirs.checkpoint import CheckpointReadError, Checkpoints, verify_step
+from paraflax.training.workdirs.checksums import ChecksumError, ChecksumWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-from paraflax.training.checkpoint import MANIFEST, Checkpoints, verify_step
-from paraflax.training.checksums import ChecksumWarning
+from paraflax.training.workdirs.checkpoint import MANIFEST, Checkpoints, verify_step
+from paraflax.training.workdirs.checksums import ChecksumWarning
 
 
 def _state(value: float):
@@ -67,7 +67,7 @@ def test_save_returns_before_the_commit_and_restores_the_state_at_save_time(tmp_
 _KILLED = """
 import os, asyncio, sys, jax.numpy as jnp
 from orbax.checkpoint._src.path import atomicity
-from paraflax.training.checkpoint import Checkpoints
+from paraflax.training.workdirs.checkpoint import Checkpoints
 ckpt = Checkpoints(sys.argv[1])
 ckpt.save(1, {"w": jnp.full((64,), 1.0)}, {"m": jnp.zeros(1)}, {"position": 1})
 ckpt.wait()

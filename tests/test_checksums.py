@@ -1,4 +1,4 @@
-"""Checksum manifests (`paraflax.training.checksums`): a digest is the file's size and crc32, and
+"""Checksum manifests (`paraflax.training.workdirs.checksums`): a digest is the file's size and crc32, and
 `verify` names the first file that is missing, truncated or changed by a single bit."""
 
 import os
@@ -6,7 +6,13 @@ import zlib
 
 import pytest
 
-from paraflax.training.checksums import ChecksumError, digest, file_digest, files_under, verify
+from paraflax.training.workdirs.checksums import (
+  ChecksumError,
+  digest,
+  file_digest,
+  files_under,
+  verify,
+)
 
 
 @pytest.mark.fast

@@ -197,7 +197,7 @@ def test_demo_benches_its_stages_quick_shrinks_the_bench_and_hf_benches_that_dir
   import numpy as np
 
   from paraflax.apps import demo
-  from paraflax.training.recipes import RECIPES
+  from paraflax.training.config.recipes import RECIPES
   out = collections.namedtuple("Out", "tokens lengths")
   tok = types.SimpleNamespace(encode=lambda text: [1], decode=lambda ids: "", eos_id=0)
   runs, builds = [], []

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import background_job, background_result, run_cases_on_devices
 from test_multihost import run_two
 
 from paraflax import cli
 from paraflax.parallel.meshes import MeshConfig
-from paraflax.training.shares import owned_rows
+from paraflax.training.stores.shares import owned_rows
+from conftest import background_job, background_result, run_cases_on_devices
 
 HERE = Path(__file__).resolve().parent
 

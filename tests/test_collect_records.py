@@ -18,8 +18,8 @@ from paraflax.data.jsonl import read_records
 from paraflax.data.records import RecordEncoder
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.hf import load_hf_tokenizer
-from paraflax.training import teacher, trajectories
-from paraflax.training.store import TOKENIZER, FewerExamples, record_prompts
+from paraflax.training.stores import teacher, trajectories
+from paraflax.training.stores.store import TOKENIZER, FewerExamples, record_prompts
 
 RECORDS = [
     {"prompt": "def add(a, b):\n", "response": "    return a + b\n"},

@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import StubTokenizer, compiled_micro_model
 from flax import nnx
 from test_generate import reference_greedy
 
@@ -19,10 +18,12 @@ import paraflax as pf
 from paraflax.decoding import deer_layout
 from paraflax.decoding.state import Forward, prefill
 from paraflax.model import masks
-from paraflax.training import deer, get_objective, load_config
-from paraflax.training import teacher as tch
-from paraflax.training.means import finalize
-from paraflax.training.recipes import RECIPES
+from paraflax.training import get_objective, load_config
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.objectives import deer
+from paraflax.training.objectives.means import finalize
+from paraflax.training.stores import teacher as tch
+from conftest import StubTokenizer, compiled_micro_model
 
 MASK, SEP = 2, 3
 C, K = masks.CLEAN, masks.MASKED
@@ -421,7 +422,7 @@ def runs(tmp_path_factory):
   from paraflax.data.pipeline import DataConfig
   from paraflax.data.tokenizer import train_tokenizer
   from paraflax.training import TrainConfig, train
-  from paraflax.training.config import OptimConfig
+  from paraflax.training.config.train import OptimConfig
   root = tmp_path_factory.mktemp("deer_runs")
   tok = train_tokenizer(["def add(a, b):\n    return a + b\n"] * 20, 260)
   teacher_model = compiled_micro_model(vocab_size=320, seed=2)

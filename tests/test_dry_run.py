@@ -9,17 +9,17 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 
 from paraflax import cli
 from paraflax.training import apply_overrides, load_config
-from paraflax.training import jacobi_forcing as jf
-from paraflax.training import teacher as tch
-from paraflax.training import trajectories as tr
-from paraflax.training.dry_run import abstract_batch, dry_run
-from paraflax.training.flops import train_flops
-from paraflax.training.recipes import RECIPES
-from paraflax.training.step import init_params
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.objectives import jacobi_forcing as jf
+from paraflax.training.run.dry_run import abstract_batch, dry_run
+from paraflax.training.run.flops import train_flops
+from paraflax.training.run.step import init_params
+from paraflax.training.stores import teacher as tch
+from paraflax.training.stores import trajectories as tr
+from conftest import StubTokenizer
 
 SHIPPED = ("tiny_ar", "jacobi_forcing_r1", "tidar_scratch", "deer_drafter_stage1",
            "deer_drafter", "asarm")

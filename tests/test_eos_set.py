@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 import tokenizers
-from conftest import micro_model
 from flax import nnx
 
 import paraflax as pf
@@ -17,7 +16,8 @@ from paraflax.data.tokenizer import Tokenizer
 from paraflax.decoding import checks
 from paraflax.decoding.generate import TRACES
 from paraflax.hf import export_hf, load_hf_tokenizer
-from paraflax.training.convert import convert_hf
+from paraflax.training.workdirs.convert import convert_hf
+from conftest import micro_model
 
 PROMPTS = [[3, 6, 9], [40, 41, 42, 43, 44, 45, 0, 1, 2], [11], [5, 9, 30, 7, 5, 22]]
 N = 16

@@ -1,4 +1,4 @@
-"""Training FLOPs (`training/flops.py`): each objective's attention pairs equal its mask's
+"""Training FLOPs (`training/run/flops.py`): each objective's attention pairs equal its mask's
 True count (averaged over the layouts its loss draws), the whole count equals a hand count and
 XLA's cost analysis of the real loss, and the device peaks / MFU helpers."""
 
@@ -13,9 +13,10 @@ from flax import nnx
 import paraflax as pf
 from paraflax.decoding import deer_layout
 from paraflax.model import masks
-from paraflax.training import asarm, deer, objective
-from paraflax.training import jacobi_forcing as jf
-from paraflax.training.flops import (
+from paraflax.training import objective
+from paraflax.training.objectives import asarm, deer
+from paraflax.training.objectives import jacobi_forcing as jf
+from paraflax.training.run.flops import (
   comparison_flops_per_token,
   forward_flops,
   mfu,

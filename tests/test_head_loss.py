@@ -7,14 +7,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MICRO
 from flax import nnx
 
 import paraflax as pf
-from paraflax.training import get_objective, head_loss, load_config
-from paraflax.training import jacobi_forcing as jf
-from paraflax.training.config import config_differences
-from paraflax.training.overrides import apply_overrides
+from paraflax.training import get_objective, load_config
+from paraflax.training.config.overrides import apply_overrides
+from paraflax.training.config.train import config_differences
+from paraflax.training.objectives import head_loss
+from paraflax.training.objectives import jacobi_forcing as jf
+from conftest import MICRO
 
 pytestmark = pytest.mark.fast
 

@@ -14,7 +14,6 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import full_logits, reference_libs
 import tokenizers
 from flax import nnx
 
@@ -29,7 +28,8 @@ from paraflax.hf import (
 from paraflax.hf.load import abstract_model
 from paraflax.hf.safetensors_io import read_header, read_tensor, write_safetensors
 from paraflax.training import load_trained
-from paraflax.training.convert import convert_hf
+from paraflax.training.workdirs.convert import convert_hf
+from conftest import full_logits, reference_libs
 
 torch, transformers = reference_libs()
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import full_logits, reference_libs
 
 from paraflax import cli, destination
 from paraflax.hf import auto_tokenizer, export
 from paraflax.training import load_trained
+from conftest import full_logits, reference_libs
 
 torch, transformers = reference_libs()
 

@@ -3,10 +3,10 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 
 from paraflax.model import masks
-from paraflax.training import jacobi_forcing as jf
+from paraflax.training.objectives import jacobi_forcing as jf
+from conftest import StubTokenizer
 
 
 @pytest.mark.fast
@@ -83,7 +83,7 @@ def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
 
   import paraflax as pf
   from paraflax.decoding.state import Forward
-  from paraflax.training.trajectories import jacobi_trajectories
+  from paraflax.training.stores.trajectories import jacobi_trajectories
   prompts, lens = _ragged(np.random.default_rng(0), 3, 9, 48)
   traj, iters = jax.device_get(jacobi_trajectories(
       Forward.of(model), jnp.asarray(prompts), jnp.asarray(lens), jax.random.key(0),
@@ -105,7 +105,7 @@ def test_trajectories_end_at_greedy_ar_and_keep_the_jacobi_property(model, n):
 @pytest.mark.fast
 def test_collection_resumes_after_a_crash_and_equals_an_uninterrupted_run(model, tmp_path,
                                                                          monkeypatch):
-  from paraflax.training import trajectories as tr
+  from paraflax.training.stores import trajectories as tr
   tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
   cfg = tr.CollectConfig(block_size=4, num_blocks=2, examples=10, min_prompt_len=3,
                          max_prompt_len=8, batch_size=4)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 
 from paraflax import cli
-from paraflax.training import teacher, trajectories
-from paraflax.training.lock import LOCK, DirLock, LockedError
+from paraflax.training.stores import teacher, trajectories
+from paraflax.training.workdirs.lock import LOCK, DirLock, LockedError
+from conftest import StubTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "micro_ar"
@@ -26,7 +26,7 @@ CONFIG = "micro_ar"
 # loaded by path: no jax import); it says "held" and waits for stdin to close.
 HOLDER = f"""
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("lock", {str(ROOT / "paraflax/training/lock.py")!r})
+spec = importlib.util.spec_from_file_location("lock", {str(ROOT / "paraflax/training/workdirs/lock.py")!r})
 lock = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lock)
 held = [lock.DirLock(d, what="test").acquire() for d in sys.argv[1:]]

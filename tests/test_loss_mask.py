@@ -5,13 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import micro_model
 
 from paraflax.model import masks
 from paraflax.model.transformer import Queries
-from paraflax.training import asarm
-from paraflax.training.ar import ar
-from paraflax.training.tidar import block_sizes_for, doubled, tidar_loss
+from paraflax.training.objectives import asarm
+from paraflax.training.objectives.ar import ar
+from paraflax.training.objectives.tidar import block_sizes_for, doubled, tidar_loss
+from conftest import micro_model
 
 B, L = 2, 12
 RNG = jax.random.key(3)

@@ -114,8 +114,8 @@ def test_training_tile_table_counts_the_pairs_the_flops_count_does():
   TiDAR and Jacobi Forcing are `flops.py`'s, and reordering a row's tokens keeps its pairs
   while emptying more tiles."""
   import paraflax as pf
-  from paraflax.training.flops import objective_work
-  from paraflax.training.mask_tiles import JF_BLOCK, tile_table
+  from paraflax.training.objectives.mask_tiles import JF_BLOCK, tile_table
+  from paraflax.training.run.flops import objective_work
 
   t = 128
   rows = {r["objective"]: r for r in tile_table(t, tile=32, rows=2)}

@@ -8,14 +8,14 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 from etils import epath
 
 from paraflax.paths import as_path, is_remote, kvstore, resolve_path
-from paraflax.training import store
-from paraflax.training.checkpoint import Checkpoints, checkpoint_dir
-from paraflax.training.checksums import ChecksumWarning
-from paraflax.training.lock import DirLock, RemoteLockWarning
+from paraflax.training.stores import store
+from paraflax.training.workdirs.checkpoint import Checkpoints, checkpoint_dir
+from paraflax.training.workdirs.checksums import ChecksumWarning
+from paraflax.training.workdirs.lock import DirLock, RemoteLockWarning
+from conftest import StubTokenizer
 
 
 @pytest.mark.fast

@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ENVIRON, background_job, background_result
 
-from paraflax import cli
-from paraflax import devices
+from paraflax import cli, devices
 from paraflax.perf import batches, rows, tables, train
 from paraflax.perf.report import Report
 from paraflax.perf.trace import trace_summary
-from paraflax.training import flops as training_flops
+from paraflax.training.run import flops as training_flops
+from conftest import ENVIRON, background_job, background_result
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "docs" / "gpu"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from paraflax.training import TrainConfig, load_config
-from paraflax.training.recipes import RECIPES, config_file, names
+from paraflax.training.config.recipes import RECIPES, config_file, names
 
 ROOT = Path(__file__).resolve().parents[1]
 

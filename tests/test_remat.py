@@ -9,15 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MICRO, compiled_micro_model
 from flax import nnx
 
 import paraflax as pf
 from paraflax.model import masks
 from paraflax.training import load_config
-from paraflax.training.ar import ar
-from paraflax.training.asarm import asarm_loss
-from paraflax.training.config import config_differences
+from paraflax.training.config.train import config_differences
+from paraflax.training.objectives.ar import ar
+from paraflax.training.objectives.asarm import asarm_loss
+from conftest import MICRO, compiled_micro_model
 
 # each policy, each layout, scan with and without remat (one compilation each); the plain
 # model is the micro default ("auto": no remat, no scan)

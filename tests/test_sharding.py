@@ -9,7 +9,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import MICRO, background_job, background_result, run_cases_on_devices
 from flax import nnx, struct
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
@@ -19,7 +18,8 @@ from paraflax.decoding.state import Forward
 from paraflax.parallel import distributed, sharding
 from paraflax.parallel.sharding import MeshConfig
 from paraflax.training import TrainConfig, apply_overrides, load_config
-from paraflax.training.config import config_differences
+from paraflax.training.config.train import config_differences
+from conftest import MICRO, background_job, background_result, run_cases_on_devices
 
 HERE = Path(__file__).resolve().parent
 

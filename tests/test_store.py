@@ -1,4 +1,4 @@
-"""The tensorstore stores behind trajectories and teacher answers (`training/store.py`): each
+"""The tensorstore stores behind trajectories and teacher answers (`training/stores/store.py`): each
 batch's chunk files get checksums as they are written, `read_store` refuses a shard with a
 flipped bit naming it, a store filled in two sittings verifies, a store without checksums
 (made before them) reads with a warning, and a truncated progress.json names the file."""
@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 
-from paraflax.training import store
-from paraflax.training.checksums import ChecksumError, ChecksumWarning
+from paraflax.training.stores import store
+from paraflax.training.workdirs.checksums import ChecksumError, ChecksumWarning
+from conftest import StubTokenizer
 
 META = {"examples": 10, "batch_size": 4}
 SHAPES = {"rows": ((10, 3), (4, 3)), "lens": ((10,), (4,))}

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import compiled_forward, micro_model
 from flax import nnx
 from test_generate import reference_greedy
 from test_verify import assert_samples_the_joint
@@ -19,9 +18,10 @@ import paraflax as pf
 from paraflax.decoding.generate import TRACES
 from paraflax.model import masks
 from paraflax.training import get_objective, load_config
-from paraflax.training.objectives import cross_entropy
-from paraflax.training.recipes import RECIPES
-from paraflax.training.tidar import doubled, tidar_loss
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.objectives.protocol import cross_entropy
+from paraflax.training.objectives.tidar import doubled, tidar_loss
+from conftest import compiled_forward, micro_model
 
 V = 48
 MASK = V - 1  # arithmetic progressions mod V - 1 never contain it

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokenizers
-from conftest import full_logits, reference_libs
 from flax import nnx
 
 import paraflax as pf
@@ -23,11 +22,12 @@ from paraflax.hf import export_hf
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
 from paraflax.training.__main__ import add_arguments, config_from_args
-from paraflax.training.config import TrainConfig, apply_overrides, load_config
-from paraflax.training.from_hf import from_hf
-from paraflax.training.recipes import RECIPES
-from paraflax.training.trainer import open_data, train
-from paraflax.training.workdir import initial_params
+from paraflax.training.config.from_hf import from_hf
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.config.train import TrainConfig, apply_overrides, load_config
+from paraflax.training.run.trainer import open_data, train
+from paraflax.training.workdirs.workdir import initial_params
+from conftest import full_logits, reference_libs
 
 torch, transformers = reference_libs()
 

@@ -23,16 +23,15 @@ from paraflax.training import (
   get_objective,
   load_config,
   load_trained,
-  optim,
   read_metrics,
   register_objective,
   train,
 )
-from paraflax.training.config import OptimConfig, config_differences
-from paraflax.training.flops import peak_flops, train_flops
-from paraflax.training.recipes import RECIPES
-from paraflax.training.trainer import init_params
-
+from paraflax.training.config.recipes import RECIPES
+from paraflax.training.config.train import OptimConfig, config_differences
+from paraflax.training.run import optim
+from paraflax.training.run.flops import peak_flops, train_flops
+from paraflax.training.run.trainer import init_params
 
 
 @pytest.fixture(scope="module")

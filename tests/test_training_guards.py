@@ -12,7 +12,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import StubTokenizer
 from flax import nnx
 
 from paraflax import cli
@@ -20,11 +19,12 @@ from paraflax.data.pipeline import prepare_stdlib
 from paraflax.data.tokenizer import train_tokenizer
 from paraflax.hf import export_hf
 from paraflax.training import apply_overrides, load_config, train, train_from_config_path
-from paraflax.training import teacher as tch
 from paraflax.training.__main__ import main as training_main
-from paraflax.training.config import config_differences, with_resolved_paths
-from paraflax.training.convert import convert_hf
-from paraflax.training.trainer import init_params
+from paraflax.training.config.train import config_differences, with_resolved_paths
+from paraflax.training.run.trainer import init_params
+from paraflax.training.stores import teacher as tch
+from paraflax.training.workdirs.convert import convert_hf
+from conftest import StubTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "micro_ar"
@@ -147,7 +147,7 @@ def test_a_workdir_config_of_another_shape_names_the_file_and_the_field(micro, t
                                                                           capsys, monkeypatch):
   """A workdir's config.json that is valid JSON of the wrong shape ({}, a missing, unknown or
   mistyped field) is one line naming the file and the field: loading the model, resuming."""
-  from paraflax.training.workdir import check_workdir
+  from paraflax.training.workdirs.workdir import check_workdir
   monkeypatch.setattr(cli, "CACHE", tmp_path / "cache")
   work = shutil.copytree(ROOT / "checkpoints" / "ar_drafter", tmp_path / "W")
   saved = json.loads((work / "config.json").read_text())

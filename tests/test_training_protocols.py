@@ -15,13 +15,18 @@ import pytest
 from paraflax.data.pipeline import DataConfig, train_iterator, validation_batches
 from paraflax.data.source import SOURCES, TrainData, get_source, register_source
 from paraflax.data.tokenizer import train_tokenizer
-from paraflax.training import (OBJECTIVES, TrainConfig, apply_overrides, load_config, load_trained,
-                               train)
 from paraflax.model.config import MOVED, ModelConfig
-from paraflax.model.run import FIELDS
+from paraflax.model.run import FIELDS, RunControl
 from paraflax.model.run import FIELDS as RUN_FIELDS
-from paraflax.model.run import RunControl
-from paraflax.training.config import SCHEMA, config_differences
+from paraflax.training import (
+  OBJECTIVES,
+  TrainConfig,
+  apply_overrides,
+  load_config,
+  load_trained,
+  train,
+)
+from paraflax.training.config.train import SCHEMA, config_differences
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "checkpoints").iterdir() if (p / "config.json").is_file())
@@ -196,7 +201,7 @@ def test_a_jsonl_file_is_a_data_source_of_packed_text_rows(micro, tmp_path, monk
   data.train.set_state(state)
   np.testing.assert_array_equal(next(data.train)["tokens"], ahead)  # resumes where it was
   assert "'data.jsonl'" in data.tokenizer_source
-  from paraflax.training.config import with_resolved_paths
+  from paraflax.training.config.train import with_resolved_paths
   assert dict(with_resolved_paths(cfg).data_source_args)["path"] == str(tmp_path / "data.jsonl")
   with pytest.raises(ValueError, match="leave no validation documents"):
     get_source("jsonl", {"path": "data.jsonl", "val_fraction": 1e-9}).open(cfg.data,

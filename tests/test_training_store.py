@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from paraflax.data.tokenizer import train_tokenizer
-from paraflax.training import store
-from paraflax.training.interrupt import Interrupted
+from paraflax.training.run.interrupt import Interrupted
+from paraflax.training.stores import store
 
 
 @pytest.mark.fast

@@ -13,8 +13,8 @@ from paraflax.decoding.generate import generate
 from paraflax.evaluation import suite
 from paraflax.evaluation.humaneval import humaneval_prompts
 from paraflax.loading import load_model
+from paraflax.training.config.recipes import RECIPES
 from paraflax.training.family import JACOBI_FORCING, Build, ensure
-from paraflax.training.recipes import RECIPES
 
 SHIPPED = "checkpoints"  # the clone's shipped snapshots, relative to where the demo runs
 

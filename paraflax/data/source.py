@@ -9,9 +9,9 @@ trainer calls `open` without knowing which it is:
     batch = next(data.train)                      # {field: [B, ...]}, `source.fields` keys
 
 Registered by their own files: "stdlib" and "jsonl" (packed text rows of the standard-library
-corpus, or of JSON Lines records with a `loss_mask` field, `text.py`), "trajectories" (packed Jacobi Forcing rows of a
-trajectory store, `training/jacobi_forcing.py`), "teacher" (prompt + answer rows of a DEER
-teacher store, `training/deer.py`).
+corpus, or of JSON Lines records with a `loss_mask` field, `text.py`), "trajectories" (packed
+Jacobi Forcing rows of a trajectory store, `training/objectives/jacobi_forcing.py`), "teacher"
+(prompt + answer rows of a DEER teacher store, `training/objectives/deer.py`).
 """
 
 from __future__ import annotations

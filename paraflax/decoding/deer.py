@@ -1,6 +1,6 @@
 """DEER: speculative decoding with a prefix-conditioned block-diffusion drafter
-(`training/deer.py` trains it) drafting all k tokens in one forward, verified by the target
-in one forward (`verify_drafts`), exact for greedy and for sampling.
+(`training/objectives/deer.py` trains it) drafting all k tokens in one forward, verified by the
+target in one forward (`verify_drafts`), exact for greedy and for sampling.
 
 The drafter's cache holds the emitted context. A draft call feeds the u in 1..k+1 emitted
 tokens it has not seen (causal, padded to k+1), then [<sep>, <mask> x k] at positions c..c+k

@@ -1,5 +1,5 @@
 """DEER's drafting block, defined once for the decoder (`decoding/deer.py`) and the Stage I/II
-objectives (`training/deer.py`).
+objectives (`training/objectives/deer.py`).
 
 A prefix x_0..x_{c-1} sits at positions 0..c-1, causal among itself; then a block
 [SEP, y_1, ..., y_k]: SEP at position c, y_i at position c+i (block offset i). The block sees

@@ -22,9 +22,9 @@ them.
                (training, validation) of a model whose remat resolves to a policy, never a
                call over a cache (decoding).
   loss_chunk   positions of a row the training losses project through the output head at
-               once (`training/head_loss.py`): None ("auto") the whole row while its float32
-               logits stay small, chunks that keep them so otherwise; an int forces chunks of
-               that many positions (>= the row: the whole row).
+               once (`training/objectives/head_loss.py`): None ("auto") the whole row while its
+               float32 logits stay small, chunks that keep them so otherwise; an int forces
+               chunks of that many positions (>= the row: the whole row).
 """
 
 from __future__ import annotations

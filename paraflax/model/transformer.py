@@ -17,7 +17,7 @@ the query stream's logits `[B, Q, V]` (the content stream only supplies keys/val
 `model(..., hidden=True)` returns the final-normed hidden states `[B, T, D]` (or the query
 stream's `[B, Q, D]`) in the compute dtype instead of the logits, and `model.head(x)` maps them
 to the same float32 logits: losses compute the head over chunks of positions
-(`training/head_loss.py`) instead of holding `[B, T, V]` float32.
+(`training/objectives/head_loss.py`) instead of holding `[B, T, V]` float32.
 
 How the model is computed (attention kernel, remat, scanned layers, loss chunks) is its
 `run: RunControl` (`run.py`), given as `Transformer(cfg, rngs=..., run=...)` and static like

@@ -37,7 +37,7 @@ def record_row(length: int, vocab: int, rng: np.random.Generator) -> dict:
 def jacobi_row(length: int, vocab: int, rng: np.random.Generator, n: int = 16) -> dict:
   """One packed Jacobi Forcing row filling `length`: a prompt, then noisy/clean block pairs
   (noisy = clean from a random first divergent slot on), through `jacobi_forcing.example`."""
-  from paraflax.training.jacobi_forcing import example
+  from paraflax.training.objectives.jacobi_forcing import example
   blocks = max(1, (length - length // 8) // (2 * n))
   p = length - 2 * n * blocks
   clean = rng.integers(0, vocab, (blocks, n))
@@ -60,7 +60,7 @@ def teacher_row(length: int, vocab: int, rng: np.random.Generator) -> dict:
 def synthetic_batch(cfg, seed: int = 0) -> dict[str, np.ndarray]:
   """A batch of `cfg`'s data-source shapes (`dry_run.abstract_batch`: what `train` feeds its
   step) with valid contents for the source."""
-  from paraflax.training.dry_run import abstract_batch
+  from paraflax.training.run.dry_run import abstract_batch
   if cfg.data_source not in ROWS:
     raise ValueError(f"no synthetic rows for the data source {cfg.data_source!r} (known: "
                      f"{', '.join(ROWS)}): register a row maker with "

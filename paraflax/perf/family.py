@@ -52,7 +52,7 @@ def write_recipes(plan: FamilyPlan, where: Path) -> Path:
       sets.update({f"model.{k}": v for k, v in model.items()})
     (where / f"{name}.py").write_text(
         '"""Written by `paraflax perf family`: the shipped recipe, resized."""\n'
-        "from paraflax.training.config import apply_overrides, load_config\n\n\n"
+        "from paraflax.training.config.train import apply_overrides, load_config\n\n\n"
         "def get_config():\n"
         f"  return apply_overrides(load_config({name!r}),\n"
         f"                         {sets!r})\n")
@@ -91,11 +91,10 @@ def bench_prompts(encode, tok, n: int) -> tuple[list, str]:
 def run(plan: FamilyPlan, add, log) -> list[str]:
   """Train the stages (one row each), then bench every method their models allow (one row
   each). Errors propagate: a stage that fails leaves nothing to bench."""
-  from paraflax.training import family
   from paraflax.evaluation.bench import run_bench
   from paraflax.evaluation.methods import bench_methods
   from paraflax.loading import load_drafter, load_model, load_related
-  from paraflax.training import load_config, read_metrics
+  from paraflax.training import family, load_config, read_metrics
   unknown = [s for s in plan.stages if s not in STEPS]
   if unknown:
     raise ValueError(f"unknown stage {unknown[0]!r}: pick from {', '.join(STEPS)}")

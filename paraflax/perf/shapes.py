@@ -38,7 +38,7 @@ def random_model(cfg, seed: int = 0, attention: str | None = None):
   from flax import nnx
 
   from paraflax.model.run import RunControl
-  from paraflax.training.step import init_params
+  from paraflax.training.run.step import init_params
   return nnx.merge(*init_params(cfg, seed, run=RunControl(attention=attention or "auto")))
 
 

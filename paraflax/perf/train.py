@@ -17,7 +17,7 @@ import numpy as np
 
 from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.perf.shapes import attention_used, shape_fields
-from paraflax.training import flops
+from paraflax.training.run import flops
 
 # objective -> the recipe (`paraflax/recipes/<name>.py`) perf resizes
 RECIPES = {"ar": "tiny_ar", "jacobi_forcing": "jacobi_forcing_r1", "tidar": "tidar_scratch",
@@ -42,7 +42,7 @@ class TrainPlan:
 
 def recipe(objective: str, plan: TrainPlan, seq_len: int):
   """The objective's recipe at the plan's shape, batch, `seq_len` and run control."""
-  from paraflax.training.config import apply_overrides, load_config
+  from paraflax.training.config.train import apply_overrides, load_config
   sets = {f"model.{k}": v for k, v in shape_fields(plan.shape, plan.layers).items()}
   sets.update({"model.dtype": plan.dtype, "model.param_dtype": "float32",
                "data.seq_len": seq_len, "data.batch_size": plan.batch,
@@ -53,7 +53,7 @@ def recipe(objective: str, plan: TrainPlan, seq_len: int):
 
 def run_control(cfg) -> dict:
   """The run control a training step of `cfg` compiles with, "auto" resolved."""
-  from paraflax.training.head_loss import chunk_size
+  from paraflax.training.objectives.head_loss import chunk_size
   d, run = cfg.data, cfg.run
   return {"attention": attention_used(cfg.model, run, d.seq_len, cached=False),
           "remat": run.remat_policy(cfg.model), "scan_layers": run.scans(cfg.model, cached=False),
@@ -75,10 +75,10 @@ def measure_step(cfg, steps: int, max_gib: float) -> dict:
   import jax
 
   from paraflax.perf.batches import synthetic_batch
-  from paraflax.training import optim
-  from paraflax.training.dry_run import memory_report
-  from paraflax.training.objectives import objective
-  from paraflax.training.step import init_opt_state, init_params, jit_train_step
+  from paraflax.training.objectives.protocol import objective
+  from paraflax.training.run import optim
+  from paraflax.training.run.dry_run import memory_report
+  from paraflax.training.run.step import init_opt_state, init_params, jit_train_step
   graphdef, params = init_params(cfg.model, seed=0, run=cfg.run)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.block_until_ready(init_opt_state(tx, params))

@@ -15,7 +15,7 @@ alone, from the earlier 3000 steps in 14 min); validation loss 8.09 -> 0.92 (the
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 # DEER's supervised targets, exactly (`scripts/drafter_comparison.py --teacher` replays
 # both runs' batches and keys and checks these): Stage I's masked suffix slots (2000 steps x

@@ -13,7 +13,7 @@ rate_end=(0.85, 0.99), ramp_steps=5000`.
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.config.train import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

@@ -21,7 +21,7 @@ while another training job shared the cores (~12 min alone, estimated); validati
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.config.train import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

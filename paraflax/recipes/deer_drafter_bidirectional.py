@@ -15,7 +15,7 @@ Stage II (1000 steps x 8 blocks): 27 min on 2 quiet cores.
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

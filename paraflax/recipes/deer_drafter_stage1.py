@@ -16,7 +16,7 @@ the cores are free); validation loss 7.99 -> 2.48.
 
 from paraflax.data.pipeline import DataConfig
 from paraflax.model.config import ModelConfig
-from paraflax.training.config import OptimConfig, TrainConfig
+from paraflax.training.config.train import OptimConfig, TrainConfig
 
 
 def get_config() -> TrainConfig:

@@ -13,7 +13,7 @@ trajectories from this model.
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.config.train import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

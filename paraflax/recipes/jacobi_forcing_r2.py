@@ -11,7 +11,7 @@ Noise window 8 as in the paper (section 4.1, block 32): levels 0, 1/8, ..., 7/8.
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

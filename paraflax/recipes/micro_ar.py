@@ -2,7 +2,7 @@
 
 from paraflax.data.pipeline import DataConfig
 from paraflax.model.config import ModelConfig
-from paraflax.training.config import OptimConfig, TrainConfig
+from paraflax.training.config.train import OptimConfig, TrainConfig
 
 
 def get_config() -> TrainConfig:

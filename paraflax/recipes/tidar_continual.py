@@ -15,7 +15,7 @@ AR mode (docs/methods/tidar.md; `scripts/tidar_agreement.py`).
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.config.train import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

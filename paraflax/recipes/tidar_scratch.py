@@ -9,7 +9,7 @@ Each step costs ~2-4x an AR step (the doubled sequence), so expect ~1 h on 2 CPU
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

@@ -7,7 +7,7 @@ Measured on 2 CPU cores: ~7k tokens/s, so 2000 steps of 16 x 256 tokens take ~20
 
 from paraflax.data.pipeline import DataConfig
 from paraflax.model.config import ModelConfig
-from paraflax.training.config import OptimConfig, TrainConfig
+from paraflax.training.config.train import OptimConfig, TrainConfig
 
 
 def get_config() -> TrainConfig:

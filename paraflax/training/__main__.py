@@ -3,9 +3,9 @@
 
 Trains (resuming from DIR's latest checkpoint if any) and prints the summary as JSON.
 With `--dry-run` it trains nothing and writes nothing: it compiles one step of the config
-with abstract shapes and prints XLA's memory report and the step's FLOPs as JSON (`dry_run.py`).
+with abstract shapes and prints XLA's memory report and the step's FLOPs as JSON (`run/dry_run.py`).
 `--profile-steps A:B` writes a jax.profiler trace of steps A..B-1 into DIR/profile.
-With `--hf DIR` the config is a recipe retargeted at a Hugging Face model (`from_hf.py`);
+With `--hf DIR` the config is a recipe retargeted at a Hugging Face model (`config/from_hf.py`);
 `--data FILE.jsonl` trains on the user's JSON Lines (data source "jsonl").
 Multi-host: run it on every host with --coordinator/--num-processes/--process-id (or the
 PARAFLAX_* environment, see `paraflax.parallel.distributed`) and a mesh, e.g. `--set mesh=(-1,1,1)`.
@@ -69,25 +69,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
   """Train (or, with --dry-run, compile one step) as the parsed flags say; the summary."""
-  from paraflax.training.profile import parse_steps
+  from paraflax.training.run.profile import parse_steps
   window = None if args.profile_steps is None else parse_steps(args.profile_steps)
   distributed.initialize_from_args(args)  # no-op unless multi-host flags or env are set
   cfg = config_from_args(args)
   if args.dry_run:
-    from paraflax.training.dry_run import dry_run
+    from paraflax.training.run.dry_run import dry_run
     return dry_run(cfg)
-  from paraflax.training.trainer import train
+  from paraflax.training.run.trainer import train
   return train(cfg, args.workdir, progress=not args.no_progress, max_steps=args.max_steps,
                profile_steps=window)
 
 
 def config_from_args(args: argparse.Namespace):
-  """The run's TrainConfig: the config file retargeted at --hf and --data (`from_hf.py`), with
-  each --set applied once: before retargeting (method tokens, run control, ...: what it reads
-  from the recipe), or after it for what it derives (with --hf the architecture, `model.*`;
-  with --data the jsonl source's arguments, `data_source_args.*`); then --steps."""
-  from paraflax.training.config import apply_overrides, load_config
-  from paraflax.training.from_hf import from_hf, with_data
+  """The run's TrainConfig: the config file retargeted at --hf and --data
+  (`config/from_hf.py`), with each --set applied once: before retargeting (method tokens, run
+  control, ...: what it reads from the recipe), or after it for what it derives (with --hf the
+  architecture, `model.*`; with --data the jsonl source's arguments, `data_source_args.*`);
+  then --steps."""
+  from paraflax.training.config.from_hf import from_hf, with_data
+  from paraflax.training.config.train import apply_overrides, load_config
   overrides = parse_overrides(args.overrides)
   derived = tuple(p for p, given in (("model.", args.hf), ("data_source_args.", args.data))
                   if given)

@@ -16,10 +16,10 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from paraflax.training.collect import collect_trajectories, teacher_data
-from paraflax.training.teacher import TeacherConfig
-from paraflax.training.trainer import train_from_config_path
-from paraflax.training.trajectories import CollectConfig
+from paraflax.training.run.trainer import train_from_config_path
+from paraflax.training.stores.collect import collect_trajectories, teacher_data
+from paraflax.training.stores.teacher import TeacherConfig
+from paraflax.training.stores.trajectories import CollectConfig
 
 
 @dataclasses.dataclass(frozen=True)

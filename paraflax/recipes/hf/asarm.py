@@ -10,7 +10,7 @@ two-stream architecture there): bench it with `paraflax bench --asarm-workdir ru
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

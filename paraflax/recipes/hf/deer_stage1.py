@@ -14,7 +14,7 @@ Rows are max_prompt_len + answer_len = 512 tokens (`data.seq_len`). Stage II:
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

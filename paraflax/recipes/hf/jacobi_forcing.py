@@ -14,7 +14,7 @@ collects from the first round's workdir (`--workdir runs/jf`) with a larger bloc
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

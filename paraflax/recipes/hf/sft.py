@@ -6,7 +6,7 @@ one; `--set data_source_args.loss_on=all` for every token), every token of text 
         --data train.jsonl [--data more.jsonl]
 
 `--hf` replaces the placeholder model below by the checkpoint's architecture, weights and
-tokenizer (`paraflax/training/from_hf.py`); `--data` replaces the data files. Sized for one
+tokenizer (`paraflax/training/config/from_hf.py`); `--data` replaces the data files. Sized for one
 80 GB GPU at 0.5B-1.5B: 8 rows of 2048 tokens per step, bfloat16 compute on float32 weights,
 rematerialisation on (auto). Larger models: `--set mesh=(1,-1,1)` (FSDP over every device),
 `--set grad_accum=4` (4 micro-batches per step). The other `hf/` recipes start here.
@@ -16,7 +16,7 @@ import dataclasses
 from pathlib import Path
 
 from paraflax.data.pipeline import DataConfig
-from paraflax.training.config import OptimConfig, TrainConfig, load_config
+from paraflax.training.config.train import OptimConfig, TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

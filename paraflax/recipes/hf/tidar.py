@@ -12,7 +12,7 @@ A doubled row costs about 2x an AR row: 1024 clean tokens per row here.
 import dataclasses
 from pathlib import Path
 
-from paraflax.training.config import TrainConfig, load_config
+from paraflax.training.config.train import TrainConfig, load_config
 
 
 def get_config() -> TrainConfig:

@@ -34,6 +34,7 @@ import numpy as np
 from paraflax.devices import peak_flops  # noqa: F401 (MFU's denominator, read from here)
 from paraflax.model.config import ModelConfig
 
+
 def tflops_per_device(flops: float, seconds: float, devices: int = 1) -> float:
   """Achieved TFLOP/s per device: `flops` done by `devices` together in `seconds`."""
   return flops / max(seconds, 1e-12) / devices / 1e12
@@ -94,7 +95,7 @@ def objective_work(cfg: ModelConfig, objective: str, seq_len: int, args: Any = (
   """One row's `Work` under `objective` with its `args` over the loss's defaults."""
   if objective not in WORK:
     return None
-  from paraflax.training.objectives import objective as registered
+  from paraflax.training.objectives.protocol import objective as registered
   params = inspect.signature(registered(objective).loss).parameters
   defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
   return WORK[objective](cfg, seq_len, {**defaults, **dict(args)}, prompt_len)

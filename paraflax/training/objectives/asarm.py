@@ -24,9 +24,9 @@ import jax.numpy as jnp
 
 from paraflax.model import masks
 from paraflax.model.transformer import Queries
-from paraflax.training.head_loss import token_nll
-from paraflax.training.means import Loss, Mean
-from paraflax.training.objectives import register_objective
+from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.means import Loss, Mean
+from paraflax.training.objectives.protocol import register_objective
 
 
 def masking_range(step, rate_start: Sequence[float], rate_end: Sequence[float],

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraflax.model import mask_structure as ms
-from paraflax.training import asarm, deer, tidar
-from paraflax.training import jacobi_forcing as jf
+from paraflax.training.objectives import asarm, deer, tidar
+from paraflax.training.objectives import jacobi_forcing as jf
 
 MASK, SEP = 2, 3  # token ids for the DEER rows (their values do not change the masks)
 JF_BLOCK = 16  # Jacobi Forcing's block size (the paper's)

@@ -4,7 +4,7 @@ A config file is a Python file exposing `get_config() -> TrainConfig`; the shipp
 recipes (`paraflax/recipes/`), loaded by name: `load_config("tiny_ar")`.
 Variants: `dataclasses.replace`, or `apply_overrides(cfg, {"optim.peak_lr": 1e-3})`
 (`overrides.py`). A config names its objective and its data source by their registered names
-(`objectives.py`, `data/source.py`) and imports no method.
+(`objectives/protocol.py`, `data/source.py`) and imports no method.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.model.run import RunControl
 from paraflax.parallel.sharding import MeshConfig
 from paraflax.paths import resolve_path
-from paraflax.training import fields
-from paraflax.training.objectives import STEP, objective
-from paraflax.training.overrides import LEGACY_SOURCES, apply_overrides
-from paraflax.training.recipes import config_file
+from paraflax.training.config import fields
+from paraflax.training.config.overrides import LEGACY_SOURCES, apply_overrides
+from paraflax.training.config.recipes import config_file
+from paraflax.training.objectives.protocol import STEP, objective
 
 VOCAB_MISMATCH = "vocab mismatch between tokenizer and model"
 # of `to_dict`; 1: a store was a field of its own (`trajectories` or `teacher`); 2: run control
@@ -89,7 +89,7 @@ class TrainConfig:
   the rest, or a mapping such as `{"data": 2, "model": 4, "axis_rules": {"tensor": "model"}}`)
   shards params, optimizer state and batches over a device mesh (`sharding.py`).
   `grad_accum`: the step sums the gradients of that many micro-batches of `data.batch_size /
-  grad_accum` rows (`accumulate.py`), equal to the whole batch at once: memory of a
+  grad_accum` rows (`run/accumulate.py`), equal to the whole batch at once: memory of a
   micro-batch, the update of the batch (run control).
   `run`: how the model is computed (`RunControl`: attention, remat, scanned layers, loss
   chunks); like `mesh` and `grad_accum`, a resumed run may change it.

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from paraflax.training.means import as_means
+from paraflax.training.objectives.means import as_means
 
 
 def split(batch: dict, k: int) -> dict:

@@ -26,8 +26,8 @@ from paraflax.data.pipeline import DataConfig
 from paraflax.hf.config import read_hf_config
 from paraflax.hf.load import load_hf
 from paraflax.hf.tokenizer import load_hf_tokenizer
-from paraflax.training.checkpoint import CHECKPOINTS, write_manifest
-from paraflax.training.config import TrainConfig
+from paraflax.training.config.train import TrainConfig
+from paraflax.training.workdirs.checkpoint import CHECKPOINTS, write_manifest
 
 
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,

@@ -1,8 +1,8 @@
 """Checksum manifests: the size and crc32 of every file a writer made, verified on load.
 
 A manifest's `files` maps paths relative to a root directory ('/'-separated) to
-`{"size": bytes, "crc32": "8 hex digits"}`. Checkpoints (`training/checkpoint.py`) and the
-trajectory / teacher stores (`training/store.py`) keep one beside their data.
+`{"size": bytes, "crc32": "8 hex digits"}`. Checkpoints (`training/workdirs/checkpoint.py`) and the
+trajectory / teacher stores (`training/stores/store.py`) keep one beside their data.
 
 Hashing is one streaming pass per file (8 MiB reads into one reused buffer, stdlib
 `zlib.crc32`, which releases the GIL), files in parallel threads, right after the writer

@@ -4,12 +4,13 @@ A loss is `loss(model, batch, rng, **args) -> (loss, metrics)`: it sees the mode
 inside the jitted step), the batch dict of the run's data source and a per-step PRNG key
 derived from (seed, step), and returns its loss as weighted means kept as sums
 (`means.Loss`: sum_j coef_j * Mean_j) and a dict of `means.Mean` metrics, so that gradient
-accumulation adds micro-batches up to the whole batch exactly (`accumulate.py`); a loss may
+accumulation adds micro-batches up to the whole batch exactly (`run/accumulate.py`); a loss may
 also return a plain scalar and scalar metrics (accumulated as means of one term: a mean of
 micro-batch means). What callers get (`Objective.__call__`, `bind`, `get_objective`, the
 function `register_objective` returns) is the finished `(scalar loss, {name: scalar})`,
-`finalize`d; `bind(...).parts` is the raw output the training step accumulates. Each method registers its own from its own file (`ar.py`, `tidar.py`, `asarm.py`,
-`jacobi_forcing.py`, `deer.py`) with `register_objective`, declaring the batch `fields` it
+`finalize`d; `bind(...).parts` is the raw output the training step accumulates. Each method
+registers its own from its own file (`ar.py`, `tidar.py`, `asarm.py`, `jacobi_forcing.py`,
+`deer.py`) with `register_objective`, declaring the batch `fields` it
 reads and the data `source` it trains on; the trainer looks objectives up by
 `TrainConfig.objective` and never branches on one.
 """
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraflax.training.means import Mean, finalize
+from paraflax.training.objectives.means import Mean, finalize
 
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 

@@ -1,14 +1,15 @@
 """The training loop: one jitted pure step, periodic validation, resumable checkpoints.
 
-`train(cfg, workdir)` writes into `workdir` (see `workdir.py`):
+`train(cfg, workdir)` writes into `workdir` (see `workdirs/workdir.py`):
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`); a
                     step's carries tokens_per_s, tflops_per_device and mfu (`flops.py`)
     loss.png        training and validation loss against step
     checkpoints/    params + optimizer state + data-iterator state per saved step, saved
-                    asynchronously (see `checkpoint.py`): `train` returns once the last is committed
-    paraflax.lock   held by the run writing here: a second one is refused (`lock.py`)
+                    asynchronously (see `workdirs/checkpoint.py`): `train` returns once the
+                    last is committed
+    paraflax.lock   held by the run writing here: a second one is refused (`workdirs/lock.py`)
     profile/        with `profile_steps`, a jax.profiler trace of those steps (`profile.py`)
 and resumes from the newest intact checkpoint there when one exists (a corrupt newer one is
 set aside with a warning; a params-only one is refused: see `Checkpoints.restore`). Step `s`
@@ -23,8 +24,8 @@ With `cfg.mesh` set, params and optimizer state live sharded on that mesh (by th
 axis rules of `sharding.py`; `MeshConfig.axis_rules` names its axes), each batch is split
 over its data axes, and the same pure `train_step` runs under `jax.jit` shardings;
 checkpoints are saved sharded and restore onto whatever mesh the resuming run uses. On
-several hosts (`paraflax.parallel.distributed`) every process runs `train` with the same config; only
-process 0 writes logs, config and plots.
+several hosts (`paraflax.parallel.distributed`) every process runs `train` with the same
+config; only process 0 writes logs, config and plots.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ from paraflax.data.source import TrainData
 from paraflax.json_io import write_json
 from paraflax.parallel import sharding
 from paraflax.paths import as_path, is_remote
-from paraflax.training import flops, interrupt, lock, optim
-from paraflax.training.checkpoint import Checkpoints
-from paraflax.training.config import TrainConfig, apply_overrides, load_config, with_resolved_paths
-from paraflax.training.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
-from paraflax.training.objectives import STEP, objective
-from paraflax.training.profile import PROFILE_DIR, StepTrace
-from paraflax.training.step import (  # noqa: F401
+from paraflax.training.config.train import (
+  TrainConfig,
+  apply_overrides,
+  load_config,
+  with_resolved_paths,
+)
+from paraflax.training.objectives.protocol import STEP, objective
+from paraflax.training.run import flops, interrupt, optim
+from paraflax.training.run.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
+from paraflax.training.run.profile import PROFILE_DIR, StepTrace
+from paraflax.training.run.step import (  # noqa: F401
   eval_step,
   evaluate,
   init_opt_state,
@@ -62,13 +67,14 @@ from paraflax.training.step import (  # noqa: F401
   mean_loss,
   train_step,
 )
-from paraflax.training.workdir import (
+from paraflax.training.workdirs import lock
+from paraflax.training.workdirs.checkpoint import Checkpoints
+from paraflax.training.workdirs.workdir import (
   CONFIG,
   TOKENIZER,
   check_init_from,
   check_workdir,
   initial_params,
-  load_trained,
   with_method_tokens,
 )
 
@@ -131,7 +137,7 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   Summary keys: workdir, step, start_step, train_loss, val_loss, tokens_per_s,
   tflops_per_device, mfu, flops_per_step, train_seconds, n_params.
 
-  The run holds the workdir's lock (`lock.py`) throughout: a second run there gets
+  The run holds the workdir's lock (`workdirs/lock.py`) throughout: a second run there gets
   `LockedError` naming this one. Before the lock, the config and the mesh (it must fit
   these devices) are checked; after it, the data, the tokenizer of `init_from` and a
   resumed workdir's config: a failing check leaves at most the lock file behind.

@@ -12,10 +12,10 @@ A store is a directory:
     tokenizer.json  the tokenizer of the model that made it
     progress.json   {"batches": k}: the first k batches are on disk (filling resumes there)
     <name>/         one zarr int32 array per name, `[examples, ...]`, chunked by batch
-    checksums.jsonl size and crc32 of the files (`paraflax.training.checksums`): one line for the files
-                    made with the store, then one per batch for the chunk files it wrote,
+    checksums.jsonl size and crc32 of the files (`training.workdirs.checksums`): one line for
+                    the files made with the store, then one per batch for the chunk files it wrote,
                     appended before progress.json advances; verified by `read_store`
-    paraflax.lock   held while a command fills the store (`writing`, `lock.py`)
+    paraflax.lock   held while a command fills the store (`writing`, `workdirs/lock.py`)
 
 On a mesh, and across hosts, each process writes its own rows of each batch; process 0 alone
 writes the other files (`shares.py`). Paths are `etils.epath` ones and the arrays' kvstore is
@@ -41,9 +41,9 @@ from paraflax import destination
 from paraflax.data.tokenizer import Tokenizer
 from paraflax.json_io import append_text, json_field, read_json_object, write_atomic, write_json
 from paraflax.paths import kvstore, resolve_path
-from paraflax.training import lock
-from paraflax.training.checksums import ChecksumError, ChecksumWarning, digest, verify
-from paraflax.training.interrupt import Interrupted
+from paraflax.training.run.interrupt import Interrupted
+from paraflax.training.workdirs import lock
+from paraflax.training.workdirs.checksums import ChecksumError, ChecksumWarning, digest, verify
 
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 CHECKSUMS = "checksums.jsonl"

@@ -14,7 +14,7 @@ from paraflax.model.config import ModelConfig
 from paraflax.model.run import RunControl
 from paraflax.model.transformer import Block, Transformer
 from paraflax.parallel import sharding
-from paraflax.training.accumulate import accumulated
+from paraflax.training.run.accumulate import accumulated
 
 
 def train_step(graphdef, params, opt_state, batch, rng, *, loss_fn, tx, accum: int = 1):

@@ -19,7 +19,7 @@ from typing import Any
 
 from paraflax.data.source import source_class
 from paraflax.model.config import MOVED
-from paraflax.training import fields
+from paraflax.training.config import fields
 
 ARGS = {"objective_args": "objective", "data_source_args": "data_source"}  # args -> their name
 LEGACY_SOURCES = ("trajectories", "teacher")  # schema-1 fields, now data sources of that name

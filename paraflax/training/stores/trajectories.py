@@ -31,9 +31,9 @@ from paraflax.decoding.state import Forward, prefill
 from paraflax.model import masks
 from paraflax.model.cache import commit
 from paraflax.parallel import sharding
-from paraflax.training import store
-from paraflax.training.shares import Share
-from paraflax.training.store import META, PROGRESS, TOKENIZER, training_prompts  # noqa: F401
+from paraflax.training.stores import store
+from paraflax.training.stores.shares import Share
+from paraflax.training.stores.store import META, PROGRESS, TOKENIZER, training_prompts  # noqa: F401
 
 ARRAYS = ("prompts", "prompt_lens", "trajectories", "iterations")
 

@@ -23,7 +23,8 @@ from paraflax import destination
 from paraflax.data.pipeline import prepare_stdlib
 from paraflax.parallel import sharding
 from paraflax.paths import model_dirs, resolve_path
-from paraflax.training import load_trained, store, teacher, trajectories
+from paraflax.training import load_trained
+from paraflax.training.stores import store, teacher, trajectories
 
 NO_SPLIT = "a Hugging Face model has no training split: pass --data FILE.jsonl"
 

@@ -19,9 +19,9 @@ from paraflax.data.tokenizer import Tokenizer, load_tokenizer
 from paraflax.model.transformer import Transformer
 from paraflax.parallel import sharding
 from paraflax.paths import as_path, is_hf_dir
-from paraflax.training.checkpoint import CHECKPOINTS, Checkpoints
-from paraflax.training.config import TrainConfig, config_differences, read_config
-from paraflax.training.step import init_params
+from paraflax.training.config.train import TrainConfig, config_differences, read_config
+from paraflax.training.run.step import init_params
+from paraflax.training.workdirs.checkpoint import CHECKPOINTS, Checkpoints
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from paraflax.model import masks
-from paraflax.training.head_loss import token_nll
-from paraflax.training.means import Loss, Mean
-from paraflax.training.objectives import register_objective
+from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.means import Loss, Mean
+from paraflax.training.objectives.protocol import register_objective
 
 
 def doubled(tokens_BxL: jax.Array, mask_token_id: int):

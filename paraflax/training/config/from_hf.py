@@ -25,8 +25,8 @@ from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf import auto_tokenizer
 from paraflax.hf.config import model_config_from_hf, read_hf_config
 from paraflax.paths import is_hf_dir, model_dirs, resolve_path
-from paraflax.training.config import TrainConfig, read_config
-from paraflax.training.objectives import objective
+from paraflax.training.config.train import TrainConfig, read_config
+from paraflax.training.objectives.protocol import objective
 
 MASK, SEP = "<mask>", "<sep>"  # the method tokens' default strings
 # data sources that are stores made by a command from a model and prompts

@@ -39,7 +39,7 @@ from etils import epath
 
 from paraflax.json_io import read_json, write_json
 from paraflax.paths import as_path
-from paraflax.training.checksums import (
+from paraflax.training.workdirs.checksums import (
   ALGORITHM,
   ChecksumError,
   ChecksumWarning,

@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from paraflax.parallel import sharding
-from paraflax.training import store
+from paraflax.training.stores import store
 
 
 def owned_rows(index_map: Mapping, n: int, process: int) -> list[tuple[int, int]]:

@@ -1,5 +1,5 @@
 """DEER drafter training: Stage I (continuation distillation) and Stage II (prefix-conditioned
-refinement) on AR teacher rows (`teacher.py`), and the layout that ties the drafter to the
+refinement) on AR teacher rows (`stores/teacher.py`), and the layout that ties the drafter to the
 decoder.
 
 The drafter's layout (`deer_layout.py`, shared with `decoding/deer.py`). A prefix x_0..x_{c-1} sits
@@ -41,11 +41,10 @@ import numpy as np
 
 from paraflax.data.source import TrainData, register_source
 from paraflax.decoding import deer_layout
-from paraflax.model import masks
 from paraflax.model.masks import CLEAN, MASKED
-from paraflax.training.head_loss import token_nll
-from paraflax.training.means import Loss, Mean
-from paraflax.training.objectives import register_objective
+from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.means import Loss, Mean
+from paraflax.training.objectives.protocol import register_objective
 
 FIELDS = ("tokens", "prompt_lens", "lengths")  # the batch keys of teacher rows (`datasets`)
 
@@ -258,7 +257,7 @@ def supervised_targets(cfg) -> int:
   """Positions that carry a loss over a whole run of the TrainConfig `cfg` (objective
   deer_stage1, deer_stage2 or ar, on teacher rows), exactly: its batches and per-step keys
   replayed as the trainer draws them (step s: the s-th batch, key fold_in(train_key, s))."""
-  from paraflax.training.step import keys
+  from paraflax.training.run.step import keys
   count = jax.jit(functools.partial(TARGETS[cfg.objective], **dict(cfg.objective_args)))
   it = cfg.source.open(cfg.data, progress=False).train
   train_key = keys(cfg.seed)[0]
@@ -285,7 +284,7 @@ class TeacherData:
   def open(self, data, *, progress: bool = True) -> TrainData:
     """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
     del progress
-    from paraflax.training import store
+    from paraflax.training.stores import store
     meta = store.read_meta(self.path, what="teacher store", command="teacher-data")
     store.check_row_length(self.path, "teacher store", meta["max_prompt_len"] + meta["answer_len"],
                            "max_prompt_len + answer_len", data.seq_len)
@@ -312,7 +311,7 @@ def datasets(cfg: TeacherData, batch_size: int, seed: int):
   teacher store. Batches: tokens [B, P+A], prompt_lens [B], lengths [B]."""
   import grain
 
-  from paraflax.training import teacher
+  from paraflax.training.stores import teacher
   data = teacher.load(cfg.path)
   tokens, lengths = data.rows()
   total = len(tokens)

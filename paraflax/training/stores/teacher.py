@@ -20,9 +20,9 @@ import numpy as np
 from etils.epath import Path  # stores may live on gs://
 
 from paraflax.parallel import sharding
-from paraflax.training import store
-from paraflax.training.shares import Share
-from paraflax.training.store import TOKENIZER, training_prompts  # noqa: F401
+from paraflax.training.stores import store
+from paraflax.training.stores.shares import Share
+from paraflax.training.stores.store import TOKENIZER, training_prompts  # noqa: F401
 
 ARRAYS = ("prompts", "prompt_lens", "answers")
 

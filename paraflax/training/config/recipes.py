@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def names() -> list[str]:

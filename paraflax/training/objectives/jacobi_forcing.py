@@ -17,9 +17,9 @@ import numpy as np
 from paraflax.data.source import TrainData, register_source
 from paraflax.model import masks
 from paraflax.model.masks import CLEAN, NOISY, PROMPT
-from paraflax.training.head_loss import per_position, soft_cross_entropy, token_stats
-from paraflax.training.means import Loss, Mean
-from paraflax.training.objectives import register_objective
+from paraflax.training.objectives.head_loss import per_position, soft_cross_entropy, token_stats
+from paraflax.training.objectives.means import Loss, Mean
+from paraflax.training.objectives.protocol import register_objective
 
 
 def noise_schedule(num_blocks: int, window: int) -> np.ndarray:
@@ -148,7 +148,7 @@ class TrajectoryData:
   def open(self, data, *, progress: bool = True) -> TrainData:
     """Batches of `data.batch_size` rows shuffled by `data.seed` (see `datasets`)."""
     del progress
-    from paraflax.training import store
+    from paraflax.training.stores import store
     meta = store.read_meta(self.path, what="trajectory store", command="collect-trajectories")
     store.check_row_length(self.path, "trajectory store", row_length(meta),
                            "max_prompt_len + 2 x num_blocks x block_size", data.seq_len)
@@ -195,7 +195,7 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
   trajectory store. Batches: the `example` keys, each [batch_size, row_length]."""
   import grain
 
-  from paraflax.training import trajectories
+  from paraflax.training.stores import trajectories
   data = trajectories.load(cfg.path)
   total = len(data.prompt_lens)
   n_val = max(1, round(total * cfg.val_fraction))

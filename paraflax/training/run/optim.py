@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from paraflax.training.config import OptimConfig
+from paraflax.training.config.train import OptimConfig
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:

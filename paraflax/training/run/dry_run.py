@@ -26,10 +26,10 @@ from flax import nnx
 from paraflax.data.source import batch_shapes
 from paraflax.model.transformer import Transformer
 from paraflax.parallel import sharding
-from paraflax.training import flops, optim
-from paraflax.training.config import TrainConfig, apply_overrides, load_config
-from paraflax.training.objectives import STEP, objective
-from paraflax.training.step import jit_train_step
+from paraflax.training.config.train import TrainConfig, apply_overrides, load_config
+from paraflax.training.objectives.protocol import STEP, objective
+from paraflax.training.run import flops, optim
+from paraflax.training.run.step import jit_train_step
 
 # report key -> CompiledMemoryStats attribute
 MEMORY = {"argument_bytes": "argument_size_in_bytes", "output_bytes": "output_size_in_bytes",

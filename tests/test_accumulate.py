@@ -13,9 +13,8 @@ from flax import nnx
 from test_head_loss import _jacobi_rows, _teacher_rows
 
 import paraflax as pf
-from paraflax.training import apply_overrides, get_objective, load_config
+from paraflax.training import apply_overrides, dry_run, get_objective, load_config
 from paraflax.training.config.recipes import RECIPES
-from paraflax.training.run import dry_run
 from paraflax.training.run.accumulate import split
 from paraflax.training.run.step import train_step
 from conftest import MICRO

@@ -5,9 +5,12 @@ re-exports another (no shims), and no file under `decoding/` or `training/` of 4
 more.
 
 `python tests/test_architecture.py` prints every circle (of modules, of folders) and every
-import going up a floor."""
+import going up a floor; `--write` rewrites docs/architecture.md's imports column from the code
+(the page's floors and module rows are checked here)."""
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,7 +219,93 @@ def test_training_is_rooms_of_at_most_12_modules_none_over_15_percent_of_the_lib
   assert heavy == {}, heavy
 
 
+# docs/architecture.md: its floor diagram is FLOORS, and its module tables list every module
+# (package `__init__`s and recipes aside) with the imports the code has
+PAGE = ROOT.parent / "docs" / "architecture.md"
+ROW = re.compile(r"^\| `(?P<path>[\w/]+\.py)` \| (?P<owns>.*) \| (?P<imports>.*) \|$")
+
+
+def page_modules(graph: dict[str, set[str]]) -> list[str]:
+  """The modules the page's tables must list: all but `__init__`s and the recipes."""
+  return sorted(m for m in graph if not m.startswith("paraflax.recipes")
+                and not (ROOT.parent / Path(*m.split("."))).is_dir())
+
+
+def path_of(module: str) -> str:
+  return "/".join(module.split(".")[1:]) + ".py"
+
+
+def imports_cell(module: str, graph: dict[str, set[str]]) -> str:
+  """What the page's imports column says for `module`: each paraflax module it imports, named
+  inside its own folder when they share one (`run.step`), else from `paraflax` (`model.masks`)."""
+  folder = folder_of(module)
+  def short(target):
+    inside = folder != module and target.startswith(folder + ".")
+    return target[len(folder) + 1:] if inside else target.removeprefix("paraflax.")
+  return ", ".join(f"`{short(t)}`" for t in sorted(graph[module])) or "none"
+
+
+def page_rows() -> dict[str, re.Match]:
+  return {m["path"]: m for line in PAGE.read_text().splitlines() if (m := ROW.match(line))}
+
+
+def page_floors() -> dict[str, int]:
+  """{module: floor} of the page's diagram (`  4   training/   ...`; a line without a number
+  continues the one above)."""
+  diagram = PAGE.read_text().split("```\n", 2)[1]
+  out, floor = {}, None
+  for line in diagram.splitlines():
+    head = re.match(r"^ *(top|\d+)? +(\S.*?)(?: {2,}|$)", line)
+    if head:
+      floor = head[1] or floor
+      for name in re.findall(r"[\w]+/|[\w]+\.py", head[2]):
+        stem = name.removesuffix("/").removesuffix(".py")
+        module = "paraflax" if stem == "__init__" else f"paraflax.{stem}"
+        out[module] = FLOORS["paraflax"] if floor == "top" else int(floor)
+  return out
+
+
+@pytest.mark.fast
+def test_the_architecture_pages_floors_are_the_tests():
+  assert page_floors() == FLOORS
+
+
+@pytest.mark.fast
+def test_the_architecture_page_lists_every_module_with_the_imports_it_has():
+  graph = import_graph()
+  assert imports_cell("paraflax.training.run.trainer", graph).count("`workdirs.") >= 2
+  assert "`model.masks`" in imports_cell("paraflax.decoding.autoregressive", graph)
+  rows = page_rows()
+  want = {path_of(m) for m in page_modules(graph)}
+  assert sorted(want - rows.keys()) == [] and sorted(rows.keys() - want) == [], \
+      "docs/architecture.md: add or remove rows (python tests/test_architecture.py --write)"
+  stale = {path: rows[path]["imports"] for path in want
+           if rows[path]["imports"] != imports_cell(
+               "paraflax." + path[:-3].replace("/", "."), graph)}
+  assert stale == {}, "run `python tests/test_architecture.py --write`"
+
+
+def write_page() -> None:
+  """Rewrite the imports column of docs/architecture.md from the code; print the modules that
+  have no row yet (add one by hand, with what the module owns) and rows of modules gone."""
+  graph = import_graph()
+  cells = {path_of(m): imports_cell(m, graph) for m in page_modules(graph)}
+  lines = PAGE.read_text().splitlines()
+  for i, line in enumerate(lines):
+    if (m := ROW.match(line)) and m["path"] in cells:
+      lines[i] = f"| `{m['path']}` | {m['owns']} | {cells[m['path']]} |"
+  PAGE.write_text("\n".join(lines) + "\n")
+  rows = page_rows()
+  for path in sorted(cells.keys() - rows.keys()):
+    print(f"no row: | `{path}` | ... | {cells[path]} |")
+  for path in sorted(rows.keys() - cells.keys()):
+    print(f"no such module: {path}")
+
+
 if __name__ == "__main__":
+  if sys.argv[1:] == ["--write"]:
+    write_page()
+    sys.exit()
   graph = import_graph()
   for c in circles(graph) + circles(folders(graph)):
     print(len(c), " ".join(c))

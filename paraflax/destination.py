@@ -31,7 +31,7 @@ WORKDIR, CONVERTED = "paraflax workdir", "paraflax convert output"
 TRAJECTORIES, TEACHER, STORE = "trajectory store", "teacher store", "paraflax store"
 HF = "Hugging Face directory"
 PROTECTED = (WORKDIR, TRAJECTORIES, TEACHER, STORE)  # never written over, even with overwrite
-LOCK = "paraflax.lock"  # `training.lock.LOCK`: a lock file alone leaves a directory empty
+LOCK = "paraflax.lock"  # `training.workdirs.lock.LOCK`: a lock file alone leaves a directory empty
 
 # Fault injection for tests: called with each stage of `replacing` ("written", "moved aside").
 fault: Callable[[str], None] = lambda stage: None

@@ -11,7 +11,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 
 from paraflax.training.workdirs.checkpoint import Checkpoints
 

@@ -6,6 +6,7 @@ prints greedy AR's ids of the trained weights; the exportable ones reload in tra
 `bench` on the user's prompts and records is exact and reports their loss."""
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import paraflax as pf
 from paraflax import cli
 from paraflax.data.chat import chat_template
 from paraflax.hf import auto_tokenizer, export_hf, load_hf_tokenizer
+from paraflax.hf.export import write_auto_map
+from paraflax.hf.random_model import make_random_hf_model
 from paraflax.training import load_trained
 from conftest import full_logits, reference_libs
 
@@ -43,10 +46,11 @@ def _records() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
+def user_dir(tmp_path_factory) -> Path:
   """A random Qwen2 with its own byte-level BPE, EOS <|endoftext|> (id 0) and a ChatML-like
   template; untied (a tied one with unit-gain rows repeats its last token), unit-gain weights
-  (logits far from uniform, greedy far from ties)."""
+  (logits far from uniform, greedy far from ties). As a user's: no `auto_map`, so
+  transformers' `AutoTokenizer` loads `Qwen2Tokenizer`, which encodes otherwise."""
   path = tmp_path_factory.mktemp("byo") / "qwen2"
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
   tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -71,6 +75,15 @@ def hf_dir(tmp_path_factory) -> Path:
   (path / "tokenizer_config.json").write_text(json.dumps({
       "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0],
       "chat_template": CHAT}))
+  return path
+
+
+@pytest.fixture(scope="module")
+def hf_dir(user_dir, tmp_path_factory) -> Path:
+  """`user_dir` with the `auto_map` exports carry: the commands read it without a warning."""
+  path = tmp_path_factory.mktemp("byo_auto_map") / "qwen2"
+  shutil.copytree(user_dir, path)
+  write_auto_map(path)
   return path
 
 
@@ -152,21 +165,24 @@ def _hf_greedy(out: Path, prompt: str) -> list[int]:
 
 
 @pytest.mark.fast
-def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tmp_path,
-                                                              monkeypatch):
+def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, user_dir, hf_dir,
+                                                              tmp_path):
   """The user's Qwen2 dir with its own byte-level BPE: transformers 5 loads `Qwen2Tokenizer`
   (its pre-tokenizer, not tokenizer.json's) and splits "\\n    " otherwise; paraflax says so
-  in one line naming what it uses. Its export, an HF-derived model with method tokens added
-  (<mask>, <sep>) and `random_hf_model.py`'s output encode and decode alike everywhere."""
-  auto = transformers.AutoTokenizer.from_pretrained(hf_dir)
-  source = load_hf_tokenizer(hf_dir)
+  in one line naming what it uses. Its export, the same dir given the export's `auto_map`, an
+  HF-derived model with method tokens added (<mask>, <sep>) and `make_random_hf_model`'s
+  output encode and decode alike everywhere."""
+  auto = transformers.AutoTokenizer.from_pretrained(user_dir)
+  with pytest.warns(auto_tokenizer.TokenizerWarning, match="loads Qwen2Tokenizer"):
+    source = load_hf_tokenizer(user_dir)
   text = "def f(xs):\n    return"
   assert auto(text)["input_ids"] != source.encode(text)  # the mismatch the export avoids
-  assert cli.main(["export", "--hf", str(hf_dir), "--to-hf", str(tmp_path / "out")]) == 0
+  assert cli.main(["export", "--hf", str(user_dir), "--to-hf", str(tmp_path / "out")]) == 0
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and err.startswith("paraflax export: warning: "), err
   assert "Qwen2Tokenizer" in err and "paraflax uses its tokenizer.json" in err
   _same_tokenizer_everywhere(tmp_path / "out", source)
+  _same_tokenizer_everywhere(hf_dir, source)
   chat = transformers.AutoTokenizer.from_pretrained(tmp_path / "out").apply_chat_template(
       [{"role": "user", "content": "print(1)\n  x"}], add_generation_prompt=True)
   assert chat["input_ids"] == source.encode(
@@ -178,9 +194,7 @@ def test_transformers_tokenizes_every_export_as_paraflax_does(capsys, hf_dir, tm
                        mask_token_id=methods.mask_id, sep_token_id=methods.sep_id)
   export_hf(nnx.merge(*init_params(cfg, 0)), tmp_path / "methods", methods)
   _same_tokenizer_everywhere(tmp_path / "methods", methods)
-  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
-  import random_hf_model
-  made = random_hf_model.write(tmp_path / "random", vocab_size=300, max_files=3)
+  made = make_random_hf_model(tmp_path / "random", vocab_size=300, max_files=3)
   _same_tokenizer_everywhere(made, load_hf_tokenizer(made))
 
 

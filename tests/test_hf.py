@@ -25,6 +25,7 @@ from paraflax.hf import (
   load_hf_tokenizer,
   model_config_from_hf,
 )
+from paraflax.hf.export import write_auto_map
 from paraflax.hf.load import abstract_model
 from paraflax.hf.safetensors_io import read_header, read_tensor, write_safetensors
 from paraflax.training import load_trained
@@ -83,7 +84,8 @@ def _randomize(model, seed: int, logit_std: float = 4.0) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-  """name -> (directory, transformers model in float32 eval mode)."""
+  """name -> (directory, transformers model in float32 eval mode); each directory carries the
+  `auto_map` exports do, so that transformers reads its word-level tokenizer as it is."""
   root = tmp_path_factory.mktemp("hf")
   out = {}
   for i, (name, (cls, over, save)) in enumerate(VARIANTS.items()):
@@ -93,6 +95,7 @@ def checkpoints(tmp_path_factory):
     path = root / name
     model.save_pretrained(path, **save)
     _tokenizer().save(str(path / "tokenizer.json"))
+    write_auto_map(path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, 0]}))
     out[name] = (path, model)
   assert len(list((root / "sharded").glob("model-*.safetensors"))) > 1

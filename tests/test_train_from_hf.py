@@ -19,6 +19,7 @@ from paraflax.data import source as data_source
 from paraflax.data.text import JsonlData
 from paraflax.data.tokenizer import load_tokenizer
 from paraflax.hf import export_hf
+from paraflax.hf.export import write_auto_map
 from paraflax.json_io import read_json
 from paraflax.training import load_trained
 from paraflax.training.__main__ import add_arguments, config_from_args
@@ -54,7 +55,8 @@ def _bpe(ids: int) -> tokenizers.Tokenizer:
 
 
 def _hf_dir(path: Path, ids: int, rows: int | None, tie: bool, seed: int) -> Path:
-  """A random Qwen2 of `rows` embedding rows (None: exactly the tokenizer's `ids`)."""
+  """A random Qwen2 of `rows` embedding rows (None: exactly the tokenizer's `ids`), with the
+  `auto_map` exports carry."""
   tok = _bpe(ids)
   torch.manual_seed(seed)
   cfg = transformers.Qwen2Config(
@@ -69,6 +71,7 @@ def _hf_dir(path: Path, ids: int, rows: int | None, tie: bool, seed: int) -> Pat
         p.normal_(0.0, 1.0 if "embed" in name or p.ndim == 1 else p.shape[1] ** -0.5)
   model.save_pretrained(path)
   tok.save(str(path / "tokenizer.json"))
+  write_auto_map(path)
   return path
 
 

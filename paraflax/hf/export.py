@@ -38,6 +38,7 @@ from paraflax.hf.safetensors_io import write_safetensors
 
 WEIGHTS = "model.safetensors"
 TOKENIZER_MODULE = "tokenization_paraflax"  # `auto_map`'s class, for trust_remote_code=True
+AUTO_MAP = {"AutoTokenizer": [None, f"{TOKENIZER_MODULE}.ParaflaxTokenizer"]}
 _TOKENIZER_CLASS = '''"""This directory's tokenizer exactly as tokenizer.json defines it (written by
 paraflax: `auto_map` in tokenizer_config.json names it, so that `AutoTokenizer` never rebuilds
 it with a model family's own pre-tokenizer)."""
@@ -87,8 +88,7 @@ def _tokenizer_config(tokenizer: Tokenizer, ids: dict, max_len: int) -> dict:
   tokens |= {k: name(i) for k, i in (("mask_token", tokenizer.mask_id),
                                      ("sep_token", tokenizer.sep_id)) if i is not None}
   template = {} if tokenizer.chat_template is None else {"chat_template": tokenizer.chat_template}
-  auto_map = {"AutoTokenizer": [None, f"{TOKENIZER_MODULE}.ParaflaxTokenizer"]}
-  return {"tokenizer_class": "PreTrainedTokenizerFast", "auto_map": auto_map, **tokens, **template,
+  return {"tokenizer_class": "PreTrainedTokenizerFast", "auto_map": AUTO_MAP, **tokens, **template,
           "additional_special_tokens": extra,
           "split_special_tokens": tokenizer.backend.encode_special_tokens,
           "clean_up_tokenization_spaces": False, "model_max_length": max_len}
@@ -108,6 +108,17 @@ def write_tokenizer_files(out: Path, tokenizer: Tokenizer, max_len: int,
               {k: v for k, v in config.items()
                if k.endswith("_token") or k == "additional_special_tokens"})
   _write_json(out / "generation_config.json", {**ids, "do_sample": False})
+
+
+def write_auto_map(out: str | os.PathLike) -> None:
+  """Give the Hugging Face directory `out` the `auto_map` every export carries: into its
+  tokenizer_config.json (made if absent; its other settings kept) and the class it names
+  beside it, so that transformers' `AutoTokenizer` reads tokenizer.json as it is."""
+  out = Path(out)
+  file = out / "tokenizer_config.json"
+  config = json.loads(file.read_text()) if file.is_file() else {}
+  _write_json(file, {**config, "tokenizer_class": "PreTrainedTokenizerFast", "auto_map": AUTO_MAP})
+  (out / f"{TOKENIZER_MODULE}.py").write_text(_TOKENIZER_CLASS)
 
 
 def export_hf(model, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None, *,

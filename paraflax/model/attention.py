@@ -38,7 +38,8 @@ from paraflax.model.mask_structure import EMPTY, Structured
 
 IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
-# "auto" thresholds, from CPU measurements (scripts/attention_bench.py):
+# "auto" thresholds, from CPU measurements (docs/scaling.md, Attention; at model level
+# `paraflax perf slots` / `perf train --attention xla|xla_chunked` measure the same choice):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
 DENSE_MAX_LEN = 1024  # models with max_seq_len up to this run dense xla (small, faster)
 BLOCK = 128  # queries and keys per tile of `blockwise`

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from paraflax.training.config.train import TrainConfig, load_config
 
-# DEER's supervised targets, exactly (`scripts/drafter_comparison.py --teacher` replays
-# both runs' batches and keys and checks these): Stage I's masked suffix slots (2000 steps x
-# 16 rows, ~32 a row) + Stage II's R masks (1000 steps x 16 rows x 8 blocks, ~8.5 a block)
+# DEER's supervised targets, exactly (`objectives.deer.supervised_targets` of each stage's
+# config replays both runs' batches and keys; docs/methods/speculative.md): Stage I's masked
+# suffix slots (2000 steps x 16 rows, ~32 a row) + Stage II's R masks (1000 steps x 16 rows x
+# 8 blocks, ~8.5 a block)
 DEER_TARGETS = 1_028_637 + 1_086_965
 ANSWER_LEN = 128  # the teacher store's answer tokens: the targets of one "ar" row
 

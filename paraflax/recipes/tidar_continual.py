@@ -9,7 +9,7 @@ reserved <mask>). A doubled row costs ~3x an AR row per token: ~2k clean tokens/
 CPU cores, so 400 steps of 16 x 256 take ~14 minutes (36 minutes measured while another
 training job shared the cores). Training on does not lower the diffusion loss: a 1600-step
 schedule stopped by the plateau rule at step 500 ends at the same diffusion loss with a worse
-AR mode (docs/methods/tidar.md; `scripts/tidar_agreement.py`).
+AR mode (docs/methods/tidar.md).
 """
 
 import dataclasses

@@ -48,60 +48,14 @@ def cmd_perf(args):
   return perf.run(args, args.argv)
 
 
-def _report(summary: dict) -> None:
-  import jax
-  if jax.process_index() == 0:  # one summary per run, not per host
-    print(json.dumps(summary))
-
-
 def cmd_collect(args):
-  from paraflax.parallel import distributed
-  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training.stores import collect, trajectories
-  cfg = _call(trajectories.CollectConfig, args)
-  _report(collect.collect_trajectories(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
-                                       data=args.data))
+  collect.main(args, _call(trajectories.CollectConfig, args), collect.collect_trajectories)
 
 
 def cmd_teacher_data(args):
-  from paraflax.parallel import distributed
-  distributed.initialize_from_args(args)  # before any other JAX work
   from paraflax.training.stores import collect, teacher
-  cfg = _call(teacher.TeacherConfig, args)
-  _report(collect.teacher_data(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf,
-                               data=args.data))
-
-
-def _mesh(value: str):
-  """`--mesh 1,8,1`: a mesh spec as `train --set mesh=...` takes it (sizes, -1 = the rest)."""
-  from paraflax.parallel.meshes import MeshConfig
-  from paraflax.training.config.overrides import parse
-  try:
-    return MeshConfig.of(parse(value, object))
-  except (ValueError, TypeError) as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _collect_source(q, what: str) -> None:
-  """The model and prompt flags of the commands that fill a store."""
-  src = q.add_mutually_exclusive_group(required=True)
-  src.add_argument("--workdir", help=f"{what}: a training workdir")
-  src.add_argument("--hf", metavar="DIR", help=f"{what}: a local Hugging Face checkpoint "
-                   "directory (needs --data)")
-  q.add_argument("--data", action="append", metavar="FILE.jsonl", help="prompts: the JSONL "
-                 "records' (a prompt, a chat's messages before its last reply, a text's first "
-                 "min..max-prompt-len tokens; longer prompts keep their last max-prompt-len, "
-                 "shorter than min-prompt-len are skipped); files or globs, repeatable "
-                 "(default: random windows of the workdir's training split)")
-
-
-def _collect_flags(q) -> None:
-  """The mesh and multi-host flags of the commands that fill a store."""
-  from paraflax.parallel import distributed
-  q.add_argument("--mesh", type=_mesh, default=None, metavar="DATA,FSDP,TENSOR",
-                 help="run on a device mesh as `train --set mesh=...`, e.g. 1,8,1 (-1: the "
-                 "rest): the model sharded, prompts split over data x fsdp (default: one device)")
-  distributed.add_arguments(q)
+  collect.main(args, _call(teacher.TeacherConfig, args), collect.teacher_data)
 
 
 def cmd_convert(args):
@@ -111,12 +65,8 @@ def cmd_convert(args):
 
 
 def cmd_export(args):
-  from paraflax import destination, hf, loading
-  from paraflax.paths import model_dirs
-  source = next(d for d in model_dirs(args.workdir, args.hf) if d)
-  destination.check_output(args.to_hf, overwrite=args.overwrite, source=source)  # before loading
-  model, tok, _ = loading.load_model(args.workdir, args.hf)
-  out = hf.export_hf(model, args.to_hf, tokenizer=tok, overwrite=args.overwrite, source=source)
+  from paraflax.loading import export_model
+  out = export_model(args.workdir, args.hf, args.to_hf, overwrite=args.overwrite)
   print(f"wrote {out}")  # every EOS id, roles
 
 
@@ -211,22 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
   d.add_argument("--hf", default=None, help="bench this local Hugging Face checkpoint instead")
   bench_flags(d)
 
+  from paraflax.training.stores import collect
   j = command("collect-trajectories", cmd_collect, "store the model's own greedy Jacobi "
               "trajectories on training prompts (Jacobi Forcing data; resumable)")
-  _collect_source(j, "the model")
+  collect.add_source_arguments(j, "the model")
   j.add_argument("--out", required=True, help="trajectory store directory")
   _ints(j, block_size=16, num_blocks=4, examples=2048, min_prompt_len=32, max_prompt_len=96,
         batch_size=64, seed=0)
-  _collect_flags(j)
+  collect.add_mesh_arguments(j)
 
   td = command("teacher-data", cmd_teacher_data, "store the model's greedy continuations of "
                "training prompts (DEER drafter training data; resumable)")
-  _collect_source(td, "the AR teacher")
+  collect.add_source_arguments(td, "the AR teacher")
   td.add_argument("--out", required=True, help="teacher store directory")
   _ints(td, examples=2048)
   td.add_argument("--answer-len", type=int, default=128, help="greedy tokens per prompt")
   _ints(td, min_prompt_len=32, max_prompt_len=96, batch_size=64, seed=0)
-  _collect_flags(td)
+  collect.add_mesh_arguments(td)
 
   c = command("convert", cmd_convert, "Hugging Face checkpoint -> paraflax (orbax) directory")
   c.add_argument("--from-hf", required=True, help="local HF directory (safetensors)")

@@ -11,7 +11,7 @@ from paraflax.decoding.deer import DEER
 from paraflax.decoding.jacobi import Jacobi
 from paraflax.decoding.jacobi_mr import JacobiMR
 from paraflax.decoding.prompt_lookup import PromptLookup
-from paraflax.decoding.protocol import Decoder, InfillDecoder
+from paraflax.decoding.protocol import Decoder, InfillDecoder  # noqa: F401 (pf.decoders.Decoder)
 from paraflax.decoding.speculative import Speculative
 from paraflax.decoding.tidar import TiDAR
 

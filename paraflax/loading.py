@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from paraflax import destination
 from paraflax.paths import model_dirs
 
 
@@ -18,6 +19,16 @@ def load_model(workdir=None, hf=None):
   if tok.has_default_roles():  # a paraflax BPE: text encodes as is
     return model, tok, tok.encode
   return model, tok, lambda text: hf_io.encode_prompt(tok, text)  # as HF: its BOS first
+
+
+def export_model(workdir, hf, to_hf, *, overwrite: bool = False):
+  """`paraflax export`: the model of `workdir` or `hf` written to `to_hf` as a Hugging Face
+  directory (every EOS id, roles), `to_hf` checked before the model loads; the path written."""
+  from paraflax import hf as hf_io
+  source = next(d for d in model_dirs(workdir, hf) if d)
+  destination.check_output(to_hf, overwrite=overwrite, source=source)  # before loading
+  model, tok, _ = load_model(workdir, hf)
+  return hf_io.export_hf(model, to_hf, tokenizer=tok, overwrite=overwrite, source=source)
 
 
 def common_ids(a, b) -> int | None:

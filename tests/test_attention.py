@@ -20,6 +20,7 @@ from paraflax.decoding import deer_layout
 from paraflax.hf.config import hf_config_from_model, model_config_from_hf
 from paraflax.model import attention, masks
 from paraflax.model.cache import ChunkKV, commit, init_cache
+from paraflax.model.config import MOVED
 from paraflax.model.transformer import Queries
 from paraflax.training.config.train import TrainConfig, config_differences, load_config
 from conftest import MICRO
@@ -197,6 +198,23 @@ def test_bad_value_is_one_clear_line():
   assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match="attention must be one of auto, xla"):
     attention.resolve("flash", "cpu", jnp.float32)  # called directly, not through RunControl
+
+
+def test_moved_names_read_from_a_model_config_say_where_they_went():
+  cfg = pf.ModelConfig(**MICRO)
+  for name in MOVED:  # not None: an AttributeError of one line naming RunControl
+    with pytest.raises(AttributeError, match=rf"^ModelConfig\.{name} moved to "
+                       rf"RunControl\.{name} \(TrainConfig\.run\)$"):
+      getattr(cfg, name)
+    assert not hasattr(pf.ModelConfig, name) and name not in inspect.signature(pf.ModelConfig
+                                                                               ).parameters
+  assert pf.ModelConfig(**MICRO, remat=None) == cfg  # None is taken as not given
+  other = dataclasses.replace(cfg, n_layers=3)  # still frozen, hashable and replaceable
+  assert hash(other) != hash(cfg) and dataclasses.replace(other, n_layers=cfg.n_layers) == cfg
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.remat = "full"
+  with pytest.raises(AttributeError, match="'ModelConfig' object has no attribute 'nope'"):
+    cfg.nope
 
 
 def test_setting_is_run_control_and_not_in_hf_configs():

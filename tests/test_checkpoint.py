@@ -5,8 +5,11 @@ and reaches the same result; unverified (older) checkpoints load with a warning 
 
 One real micro run (20 steps, checkpoints at 10 and 20) is copied and damaged per test."""
 
+import asyncio
 import dataclasses
+import gc
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -126,6 +129,41 @@ def test_a_truncated_file_is_named_and_resume_falls_back(run, tmp_path):
   ckpt.close()
 
 
+@pytest.mark.fast
+def test_a_failed_read_leaves_no_read_pending(tmp_path, monkeypatch):
+  """Orbax reads concurrently on an event loop of its own and closes it once a read fails (a
+  truncated file), the other reads still pending: `Checkpoints` ends them then, so none ends
+  later as an unraisable exception (orbax's reads turn the GeneratorExit into an Exception)."""
+  async def read():
+    try:
+      await asyncio.sleep(60)
+    except BaseException as e:  # as orbax's reads do, GeneratorExit included
+      raise Exception("a read cut short") from e
+
+  async def truncated():
+    raise ValueError("OUT_OF_RANGE: the file is shorter than its index says")
+
+  async def reads():
+    await asyncio.gather(read(), read(), truncated())
+
+  def restore(step, args):  # as orbax runs a restore: a loop of its own, closed on the way out
+    loop = asyncio.new_event_loop()
+    try:
+      return loop.run_until_complete(reads())
+    finally:
+      loop.close()
+
+  ckpt = Checkpoints(_copy(ROOT / "checkpoints" / "ar_drafter", tmp_path / "w"), create=False)
+  monkeypatch.setattr(ckpt._mngr, "restore", restore)
+  with pytest.raises(CheckpointReadError, match="cannot be read .*OUT_OF_RANGE"):
+    ckpt.restore_params(ckpt.all_steps()[-1], None)
+  ckpt.close()
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  gc.collect()
+  assert [u.exc_value for u in unraisable] == []
+
+
 @pytest.mark.slow
 def test_unverified_checkpoints_warn_and_the_command_writes_checksums(run, tmp_path, capsys,
                                                                       monkeypatch):
@@ -151,15 +189,23 @@ def test_unverified_checkpoints_warn_and_the_command_writes_checksums(run, tmp_p
 
 
 @pytest.mark.slow
-def test_resuming_a_params_only_checkpoint_is_a_clear_error(run, tmp_path):
+def test_resuming_a_params_only_checkpoint_is_a_clear_error(run, tmp_path, monkeypatch):
   cfg, workdir, _ = run
   shipped = tmp_path / "shipped"
   ship(workdir, shipped)  # what the repository's checkpoints/ hold: params, no optimizer
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # its checksums still verify what is there
     load_trained(shipped)
+  opened, closed = [], []  # a refused load or resume leaves no checkpoint manager open
+  init, close = Checkpoints.__init__, Checkpoints.close
+  monkeypatch.setattr(Checkpoints, "__init__", lambda s, *a, **k: (opened.append(s),
+                                                                   init(s, *a, **k))[1])
+  monkeypatch.setattr(Checkpoints, "close", lambda s: (closed.append(s), close(s))[1])
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 1 \(saved: \[20\]\)"):
+    load_trained(shipped, step=1)
   with pytest.raises(ValueError, match=rf"holds params only .*init_from={shipped}"):
     train(cfg, shipped, progress=False)
+  assert len(opened) == 2 and closed == opened
 
 
 @pytest.mark.fast

@@ -12,17 +12,18 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax.decoding import deer_layout
+from paraflax.devices import peak_flops
 from paraflax.model import masks
 from paraflax.training import objective
 from paraflax.training.objectives import asarm, deer
 from paraflax.training.objectives import jacobi_forcing as jf
+from paraflax.training.run import flops
 from paraflax.training.run.flops import (
   comparison_flops_per_token,
   forward_flops,
   mfu,
   objective_work,
   param_count,
-  peak_flops,
   speed,
   tflops_per_device,
   train_flops,
@@ -44,6 +45,7 @@ def test_device_peaks_and_mfu():
   assert peak_flops("TPU v5 lite") == 197e12 and peak_flops("TPU v5") == 459e12
   assert peak_flops("TPU v6 lite") == 918e12
   assert peak_flops("cpu") is None and peak_flops() is None  # this CPU
+  assert not hasattr(flops, "peak_flops")  # read from `devices`, not re-exported here
   assert tflops_per_device(8e12, 2.0, devices=2) == 2.0
   assert mfu(989e12, 1.0, 1, 989e12) == 1.0 and mfu(1e12, 1.0, 1, None) is None
   # the log's fields at a step rate: 4e12 FLOPs per step, 2 steps/s, 2 devices

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from paraflax import cli, devices
-from paraflax.perf import batches, rows, tables, train
+from paraflax.model.run import RunControl
+from paraflax.perf import batches, decode, rows, shapes, tables, train
+from paraflax.perf import cli as perf_cli
 from paraflax.perf.report import Report
 from paraflax.perf.trace import trace_summary
+from paraflax.training.config.train import apply_overrides, load_config
 from paraflax.training.run import flops as training_flops
 from conftest import ENVIRON, background_job, background_result
 
@@ -101,6 +104,36 @@ def test_the_gpu_page_holds_the_tables_its_json_files_render():
   assert files and all(f"<!-- perf: {f.name}" in page for f in files)
   for f in files:  # every committed run is rows of the schema
     assert {r["kind"] for r in rows.read_rows(f)} <= set(rows.KINDS)
+
+
+@pytest.mark.fast
+def test_the_drafter_of_perf_decode_runs_with_the_targets_attention():
+  parser = cli.build_parser()
+  for attention in ("auto", "xla_chunked"):
+    plan = perf_cli.plan_of(parser.parse_args(["perf", "decode", "--shape", "micro",
+                                               "--attention", attention]))
+    cfg = shapes.model_config(plan.shape, plan.dtype)
+    target = shapes.random_model(cfg, attention=plan.attention)
+    assert target.run == RunControl(attention=attention)
+    for kind in ("ar", "diffusion"):
+      assert decode.drafter_model(kind, cfg, plan).run == target.run
+
+
+@pytest.mark.fast
+def test_perf_scan_layers_takes_any_case_as_the_config_overrides_do():
+  parser = cli.build_parser()
+  for value, want in (("auto", "auto"), ("Auto", "auto"), ("true", True), ("True", True),
+                      ("TRUE", True), ("yes", True), ("false", False), ("False", False),
+                      ("NO", False)):
+    plan = perf_cli.plan_of(parser.parse_args(["perf", "train", "--scan-layers", value]))
+    assert (plan.scan_layers, type(plan.scan_layers)) == (want, type(want)), value
+    assert train.recipe("ar", plan, 64).run.scan_layers == want
+    if want != "auto":  # bools as `--set run.scan_layers=...` reads them
+      assert apply_overrides(load_config("micro_ar"), {"run.scan_layers": value}
+                             ).run.scan_layers is want
+  for value in ("maybe", "1", "None"):
+    with pytest.raises(SystemExit):
+      parser.parse_args(["perf", "train", "--scan-layers", value])
 
 
 @pytest.mark.fast

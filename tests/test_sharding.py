@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import paraflax as pf
 from paraflax.decoding.state import Forward
+from paraflax.model.cache import KVCache
 from paraflax.parallel import distributed, sharding
 from paraflax.parallel.sharding import MeshConfig
 from paraflax.training import TrainConfig, apply_overrides, load_config
@@ -59,6 +60,11 @@ def test_rules_split_what_divides_and_replicate_the_rest():
   # 2 kv heads on an 8-way tensor axis: replicated, not refused; same for a batch of 4 on 8
   assert sharding.logical_spec(kv, (2, 4, 16, 2, 8), m118) == P(None, None, None, None, None)
   assert sharding.logical_spec(kv, (2, 4, 16, 2, 8), m811) == P(None, None, None, None, None)
+  # the cache's specs are its declared axes' (`state_specs`): no helper of its own (kv_spec)
+  cache = KVCache(jnp.zeros((2, 8, 16, 2, 8)), jnp.zeros((2, 8, 16, 2, 8)), jnp.zeros(8))
+  specs = sharding.state_specs(cache, m222)
+  assert specs.k == specs.v == sharding.logical_spec(kv, (2, 8, 16, 2, 8), m222)
+  assert not hasattr(sharding, "kv_spec")
   # a batch of 2 takes the axes' longest dividing prefix (data), a batch of 3 none
   assert sharding.logical_spec(("batch",), (2,), m222) == P("data")
   assert sharding.logical_spec(("batch",), (3,), m222) == P(None)

@@ -14,6 +14,7 @@ import paraflax as pf
 from paraflax.data import corpus
 from paraflax.data.pipeline import prepare_stdlib, validation_batches
 from paraflax.data.tokenizer import train_tokenizer
+from paraflax.devices import peak_flops
 from paraflax.model import masks
 from paraflax.training import (
   OBJECTIVES,
@@ -30,7 +31,7 @@ from paraflax.training import (
 from paraflax.training.config.recipes import RECIPES
 from paraflax.training.config.train import OptimConfig, config_differences
 from paraflax.training.run import optim
-from paraflax.training.run.flops import peak_flops, train_flops
+from paraflax.training.run.flops import train_flops
 from paraflax.training.run.trainer import init_params
 
 

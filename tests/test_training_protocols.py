@@ -6,6 +6,7 @@ trains on a source it has never heard of."""
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import ClassVar
 
@@ -55,12 +56,35 @@ def test_every_shipped_checkpoint_loads_its_config_migrated(workdir):
   # the model's fields are its architecture; its run control (schema 2) is the run's
   arch = {k: v for k, v in old["model"].items() if k not in RUN_FIELDS}
   assert cfg.model == ModelConfig(**arch) and model.cfg == cfg.model
-  assert model.run == cfg.run == RunControl(**{k: old["model"][k] for k in RUN_FIELDS
-                                               if k in old["model"]})
+  assert cfg.run == RunControl(**{k: old["model"][k] for k in RUN_FIELDS if k in old["model"]})
+  assert model.run == RunControl()  # computed as this device's "auto", not as the run trained
   assert tokenizer.vocab_size <= cfg.model.vocab_size
   new = json.loads(json.dumps(cfg.to_dict()))
   assert new["schema"] == SCHEMA and "teacher" not in new and "trajectories" not in new
   assert TrainConfig.from_dict(new) == cfg == TrainConfig.from_dict(old)
+
+
+@pytest.mark.fast
+def test_a_workdir_trained_with_a_gpu_kernel_loads_and_decodes_anywhere(tmp_path):
+  """`load_trained` computes with `RunControl()` ("auto", for the device it runs on) unless
+  given `run=`: a run that named cuDNN attention decodes on a CPU as the same weights do."""
+  import jax
+
+  from paraflax.decoding.generate import generate
+  shipped = ROOT / "checkpoints" / "ar_drafter"
+  workdir = shutil.copytree(shipped, tmp_path / "cudnn")
+  trained = dataclasses.replace(TrainConfig.from_dict(json.loads(
+      (shipped / "config.json").read_text())), run=RunControl(attention="cudnn"))
+  (workdir / "config.json").write_text(json.dumps(trained.to_dict()))
+  model, tok, cfg = load_trained(workdir)
+  assert cfg == trained and model.run == RunControl()
+  assert load_trained(workdir, run=cfg.run)[0].run == cfg.run  # as the run trained, when asked
+  prompts = [tok.encode("def add(a, b):"), tok.encode("x = 1")]
+  got = generate(model, prompts, max_new_tokens=8).tokens
+  assert np.array_equal(got, generate(load_trained(shipped)[0], prompts, max_new_tokens=8).tokens)
+  if jax.default_backend() == "cpu":  # the run's own kernel has no CPU version
+    with pytest.raises(ValueError, match="attention='cudnn' needs a GPU or TPU"):
+      generate(load_trained(workdir, run=cfg.run)[0], prompts, max_new_tokens=8)
 
 
 @pytest.mark.fast

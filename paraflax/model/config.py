@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# run control, `RunControl`'s since schema 3: given to ModelConfig, a ValueError saying so
+# run control, `RunControl`'s since schema 3: given to ModelConfig, a ValueError saying so;
+# read from one, an AttributeError
 MOVED = ("attention", "remat", "scan_layers", "loss_chunk")
 
 
@@ -48,7 +50,8 @@ class ModelConfig:
 
   `dtype` is the compute dtype (activations, attention); parameters are kept in
   `param_dtype` and logits are always float32. The run-control keywords of older versions
-  (`MOVED`: attention, remat, scan_layers, loss_chunk) are a ValueError naming `RunControl`.
+  (`MOVED`: attention, remat, scan_layers, loss_chunk) are a ValueError naming `RunControl`,
+  and reading one is an AttributeError saying where it went.
   """
 
   vocab_size: int
@@ -73,17 +76,13 @@ class ModelConfig:
   # (re-encoded at every draft); training and decoding both read it (`deer_layout.mask`)
   drafter_prefix: str = "causal"
   two_stream: bool = False  # AS-ARM query stream (ASSD)
-  attention: dataclasses.InitVar[object] = None  # MOVED: a ValueError when given
-  remat: dataclasses.InitVar[object] = None
-  scan_layers: dataclasses.InitVar[object] = None
-  loss_chunk: dataclasses.InitVar[object] = None
 
-  def __post_init__(self, *moved):
-    given = [name for name, value in zip(MOVED, moved) if value is not None]
-    if given:
-      raise ValueError(f"ModelConfig takes no {given[0]}: it is run control now, "
-                      f"RunControl({given[0]}=...), given as TrainConfig(run=...), --set "
-                      f"run.{given[0]}=... or Transformer(cfg, run=...)")
+  def __getattr__(self, name):  # only for names not found: no field, no class attribute
+    if name in MOVED:
+      raise AttributeError(f"ModelConfig.{name} moved to RunControl.{name} (TrainConfig.run)")
+    raise AttributeError(f"'ModelConfig' object has no attribute {name!r}")
+
+  def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
       object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
@@ -127,3 +126,22 @@ class ModelConfig:
   @property
   def params_dtype(self):
     return _DTYPES[self.param_dtype]
+
+
+def _refusing_moved(init):
+  """`init` with `MOVED`'s keywords a ValueError when given (None is taken as not given)."""
+
+  @functools.wraps(init)
+  def __init__(self, *args, **kwargs):
+    given = [name for name in MOVED if kwargs.pop(name, None) is not None]
+    if given:
+      raise ValueError(f"ModelConfig takes no {given[0]}: it is run control now, "
+                       f"RunControl({given[0]}=...), given as TrainConfig(run=...), --set "
+                       f"run.{given[0]}=... or Transformer(cfg, run=...)")
+    init(self, *args, **kwargs)
+
+  return __init__
+
+
+# not fields (so `dataclasses.replace` and reading them know nothing of them): keywords only
+ModelConfig.__init__ = _refusing_moved(ModelConfig.__init__)

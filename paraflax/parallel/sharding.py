@@ -217,11 +217,6 @@ def state_specs(state: Any, mesh, rules=RULES) -> Any:
   return dataclasses.replace(state, **specs)
 
 
-def kv_spec(shape: Sequence[int], mesh, rules=RULES) -> P:
-  """Cache k/v `[layers, B, S, Hkv, Dh]`: batch over (data, fsdp), kv heads over tensor."""
-  return logical_spec(KV_NAMES, shape, mesh, rules)
-
-
 def _context_mesh():
   """The mesh `use_mesh` set while tracing (Auto axes named like this module's); else None."""
   mesh = jax.sharding.get_abstract_mesh()

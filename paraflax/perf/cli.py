@@ -8,7 +8,10 @@ import dataclasses
 import shlex
 from pathlib import Path
 
+from paraflax.model.run import RunControl
 from paraflax.perf import decode, family, slots, train
+from paraflax.training.config.fields import field_types
+from paraflax.training.config.overrides import parse
 
 PARTS = {"slots": (slots.SlotsPlan, slots.run, "the slot cost c(k) of a k-slot decode forward"),
          "decode": (decode.DecodePlan, decode.run, "every decoder vs AR: ms/step against the "
@@ -31,7 +34,13 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 def _scan(value: str):
-  return {"auto": "auto", "true": True, "false": False}[value]
+  """auto or a bool, in any case (Auto, true, FALSE, yes, no): bools as `--set` reads them."""
+  if value.strip().lower() == "auto":
+    return "auto"
+  parsed = parse(value, field_types(RunControl)["scan_layers"])
+  if not isinstance(parsed, bool):
+    raise argparse.ArgumentTypeError(f"expected auto, true or false, got {value!r}")
+  return parsed
 
 
 # flag -> (type, help); a part takes the flags named like its plan's fields

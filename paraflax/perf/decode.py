@@ -45,13 +45,13 @@ def repetitive_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[l
 
 
 def drafter_model(kind: str, cfg, plan: DecodePlan):
-  """A random drafter with the target's vocabulary: a small AR model ("ar") or a DEER
-  block-diffusion drafter of the same size ("diffusion")."""
+  """A random drafter with the target's vocabulary and attention (`plan.attention`): a small
+  AR model ("ar") or a DEER block-diffusion drafter of the same size ("diffusion")."""
   from paraflax.model.config import ModelConfig
   extra = {"mask_token_id": 2, "sep_token_id": 3} if kind == "diffusion" else {}
   return random_model(ModelConfig(vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len,
                                   tie_embeddings=True, dtype=cfg.dtype, param_dtype=cfg.dtype,
-                                  **plan.drafter, **extra), seed=1)
+                                  **plan.drafter, **extra), seed=1, attention=plan.attention)
 
 
 def timed(call, repeats: int) -> tuple[object, float, float]:

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from paraflax.devices import peak_flops
 from paraflax.model.run import FIELDS as RUN_FIELDS
 from paraflax.perf.shapes import attention_used, shape_fields
 from paraflax.training.run import flops
@@ -140,7 +141,7 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     tokens_per_s = plan.batch * seq / r["step_s"]
     per_token = flops.comparison_flops_per_token(cfg.model, seq)
     real = flops.train_flops(cfg.model, cfg.objective, 1, seq, cfg.objective_args) / seq
-    peak = flops.peak_flops(device)
+    peak = peak_flops(device)
     row = add({"kind": "train", "shape": plan.shape, "dtype": plan.dtype,
                "layers": cfg.model.n_layers, "objective": name,
                "recipe": RECIPES[name], "batch": plan.batch, "seq_len": seq,

@@ -19,7 +19,7 @@ detached teacher head of Jacobi Forcing's soft consistency: forward only (1x).
 
 `comparison_flops_per_token` is the cross-run yardstick of issue 34's tables: 6 N + 6 L D T
 per data token (N without the embedding lookup when untied). `mfu` divides achieved FLOP/s by
-a device's bf16 dense peak (`peak_flops`; None where unknown, e.g. CPU).
+a device's bf16 dense peak (`devices.peak_flops`; None where unknown, e.g. CPU).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from paraflax.devices import peak_flops  # noqa: F401 (MFU's denominator, read from here)
 from paraflax.model.config import ModelConfig
 
 

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from paraflax import destination
 from paraflax.data.source import TrainData
+from paraflax.devices import peak_flops
 from paraflax.json_io import write_json
 from paraflax.parallel import sharding
 from paraflax.paths import as_path, is_remote
@@ -182,7 +183,11 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
          for b in data.validation[:cfg.eval_batches]]
 
   ckpt = Checkpoints(workdir, keep=cfg.keep_checkpoints)
-  start, restored = ckpt.restore_latest(params, opt_state)  # the newest intact step
+  try:
+    start, restored = ckpt.restore_latest(params, opt_state)  # the newest intact step
+  except BaseException:  # nothing to resume from (a params-only or broken workdir)
+    ckpt.close()
+    raise
   if restored is not None:
     params, opt_state, data_state = restored
     it.set_state(data_state)
@@ -203,7 +208,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
   flops_per_step = flops.train_flops(cfg.model, cfg.objective, cfg.data.batch_size,
                                      cfg.data.seq_len, cfg.objective_args)
   speed = functools.partial(flops.speed, flops_per_step, devices=1 if mesh is None else mesh.size,
-                            peak=flops.peak_flops())
+                            peak=peak_flops())
   summary = {"workdir": str(workdir), "step": start, "start_step": start, "train_loss": None,
              "val_loss": None, "tokens_per_s": None, "tflops_per_device": None, "mfu": None,
              "flops_per_step": flops_per_step, "train_seconds": 0.0, "n_params": n_params}

@@ -15,15 +15,19 @@ the store (`shares.py`)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 
 import jax
 
 from paraflax import destination
 from paraflax.data.pipeline import prepare_stdlib
-from paraflax.parallel import sharding
+from paraflax.parallel import distributed, sharding
+from paraflax.parallel.meshes import MeshConfig
 from paraflax.paths import model_dirs, resolve_path
 from paraflax.training import load_trained
+from paraflax.training.config.overrides import parse
 from paraflax.training.stores import store, teacher, trajectories
 
 NO_SPLIT = "a Hugging Face model has no training split: pass --data FILE.jsonl"
@@ -100,3 +104,42 @@ def teacher_data(workdir, out, cfg: teacher.TeacherConfig, *, mesh=None, axis_ru
           "prompt_tokens": int(store_.prompt_lens.sum()),
           "answer_tokens": int(store_.answers.size), **_counts(prompts),
           "seconds_this_run": round(seconds, 1), **_devices(mesh)}
+
+
+def mesh_flag(value: str) -> MeshConfig:
+  """`--mesh 1,8,1`: a mesh spec as `train --set mesh=...` takes it (sizes, -1 = the rest)."""
+  try:
+    return MeshConfig.of(parse(value, object))
+  except (ValueError, TypeError) as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_source_arguments(q: argparse.ArgumentParser, what: str) -> None:
+  """The model and prompt flags of the commands that fill a store."""
+  src = q.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help=f"{what}: a training workdir")
+  src.add_argument("--hf", metavar="DIR", help=f"{what}: a local Hugging Face checkpoint "
+                   "directory (needs --data)")
+  q.add_argument("--data", action="append", metavar="FILE.jsonl", help="prompts: the JSONL "
+                 "records' (a prompt, a chat's messages before its last reply, a text's first "
+                 "min..max-prompt-len tokens; longer prompts keep their last max-prompt-len, "
+                 "shorter than min-prompt-len are skipped); files or globs, repeatable "
+                 "(default: random windows of the workdir's training split)")
+
+
+def add_mesh_arguments(q: argparse.ArgumentParser) -> None:
+  """The mesh and multi-host flags of the commands that fill a store."""
+  q.add_argument("--mesh", type=mesh_flag, default=None, metavar="DATA,FSDP,TENSOR",
+                 help="run on a device mesh as `train --set mesh=...`, e.g. 1,8,1 (-1: the "
+                 "rest): the model sharded, prompts split over data x fsdp (default: one device)")
+  distributed.add_arguments(q)
+
+
+def main(args: argparse.Namespace, cfg, fill) -> None:
+  """`paraflax collect-trajectories` / `teacher-data`: `fill` (`collect_trajectories` or
+  `teacher_data`) with `cfg` as the flags say, after the multi-host start-up; its summary
+  printed as JSON once (by process 0)."""
+  distributed.initialize_from_args(args)  # before any other JAX work
+  summary = fill(args.workdir, args.out, cfg, mesh=args.mesh, hf=args.hf, data=args.data)
+  if jax.process_index() == 0:  # one summary per run, not per host
+    print(json.dumps(summary))

@@ -27,10 +27,13 @@ trainer's resume) falls back to the newest intact step and moves the broken newe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import os
 import re
 import threading
+import traceback
 import warnings
 
 import jax
@@ -127,6 +130,24 @@ def _root_cause(e: BaseException) -> str:
   return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
 
 
+def _end_abandoned_reads(error: BaseException) -> None:
+  """End the reads a failed orbax restore left pending: orbax runs a restore's reads on an
+  event loop of its own and closes it as soon as one read fails (a truncated file), the
+  others still pending. Each would end at some later garbage collection as an unraisable
+  exception (orbax turns the GeneratorExit that closes it into an Exception); closed here,
+  they end now. `error` is what the restore raised: its frames hold that loop."""
+  chain = [error]
+  while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(cause)
+  loops = {id(v): v for e in chain for frame, _ in traceback.walk_tb(e.__traceback__)
+           for v in frame.f_locals.values()
+           if isinstance(v, asyncio.AbstractEventLoop) and v.is_closed()}
+  for loop in loops.values():
+    for task in asyncio.all_tasks(loop):
+      with contextlib.suppress(Exception):
+        task.get_coro().close()
+
+
 class _Commit(threading.Thread):
   """Waits for orbax to commit the save in flight, then `write_manifest`s the step, in the
   background; `join_or_raise` re-raises what either raised."""
@@ -213,6 +234,7 @@ class Checkpoints:
     try:
       return self._mngr.restore(step, args=ocp.args.Composite(**args))
     except Exception as e:  # orbax/tensorstore raise many kinds: one line, naming the step
+      _end_abandoned_reads(e)
       raise CheckpointReadError(f"checkpoint {step_dir} cannot be read ({_root_cause(e)})",
                                 verified) from None
 

@@ -16,6 +16,7 @@ from etils import epath
 from flax import nnx
 
 from paraflax.data.tokenizer import Tokenizer, load_tokenizer
+from paraflax.model.run import RunControl
 from paraflax.model.transformer import Transformer
 from paraflax.parallel import sharding
 from paraflax.paths import as_path, is_hf_dir
@@ -144,10 +145,12 @@ def initial_params(cfg: TrainConfig, mesh):
   return graphdef, nnx.from_flat_state(merged)
 
 
-def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=None,
-                 axis_rules=None):
+def load_trained(workdir: str | os.PathLike, step: int | None = None, *,
+                 run: RunControl | None = None, mesh=None, axis_rules=None):
   """(model, tokenizer, train_cfg) with the params of the latest (or given) checkpoint, the
-  model computed as the run's `train_cfg.run` says (`model.run = ...` changes it), restored
+  model computed as `run` says: by default `RunControl()`, "auto" resolved for the device that
+  runs it, not the training run's `train_cfg.run` (which may name a kernel only the training
+  device has; pass `run=train_cfg.run` for it, or set `model.run = ...` later), restored
   straight onto `mesh` (any shape, whatever mesh trained it) when given: a `jax.sharding.Mesh`
   with Explicit or Auto axes whose own axis names `axis_rules` maps, e.g. `{"tensor":
   "model"}` (see `sharding.resolve_mesh`; the params then live on the equivalent Auto (data,
@@ -166,16 +169,19 @@ def load_trained(workdir: str | os.PathLike, step: int | None = None, *, mesh=No
                               "paraflax training workdir")
   cfg = read_config(workdir / CONFIG)
   tokenizer = Tokenizer.load(workdir / TOKENIZER)
-  steps = []
+  steps, ckpt = [], None
   if (workdir / CHECKPOINTS).is_dir():
     ckpt = Checkpoints(workdir, create=False)
     steps = list(ckpt.all_steps())
   if not steps or (step is not None and step not in steps):
+    if ckpt is not None:
+      ckpt.close()
     what = "no checkpoint" if not steps else f"no checkpoint of step {step} (saved: {steps})"
     raise FileNotFoundError(f"{what} in {str(workdir / CHECKPOINTS)!r}")
   step = max(steps) if step is None else step
+  run = RunControl() if run is None else run
   graphdef, params_like = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0), run=cfg.run)), nnx.Param)
+      nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0), run=run)), nnx.Param)
   if mesh is not None:
     params_like = sharding.abstract_state(params_like, mesh)
   try:

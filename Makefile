@@ -10,6 +10,12 @@ MIN_PINS := jax==0.11.2 jaxlib==0.11.2 flax==0.12.10 tokamax==0.0.13
 # Prints the Python to build a venv from, or one line saying that none fits, and fails.
 FIND_PYTHON = PYTHON="$(PYTHON)" scripts/find_python.sh
 
+# .venv has the compile extra (the JAX CUDA plugin, libtpu: `paraflax perf compile`): the demo and
+# the suite run JAX on this machine's CPU, and libtpu asks no cloud metadata server
+# (`make demo JAX_PLATFORMS=cuda` on a GPU machine).
+export JAX_PLATFORMS ?= cpu
+export TPU_SKIP_MDS_QUERY ?= 1
+
 .PHONY: demo test test-fast test-min clean FORCE
 
 # Succeeds where venv $(1) runs a Python >= 3.12. One that does not (an older Python, or gone)

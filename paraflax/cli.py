@@ -45,6 +45,9 @@ def cmd_demo(args):
 
 def cmd_perf(args):
   from paraflax.perf import cli as perf
+  if args.part == "compile":  # for a target, with JAX on this host's CPU
+    from paraflax.perf.compile.targets import check_process
+    check_process()
   return perf.run(args, args.argv)
 
 
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   args.argv = argv  # (perf rows name the command that measured them)
   import jax  # later runs of the same shapes skip XLA compilation (a dry run measures it)
-  if not getattr(args, "dry_run", False):
+  if not (getattr(args, "dry_run", False) or getattr(args, "part", None) == "compile"):
     jax.config.update("jax_compilation_cache_dir", str(CACHE / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   with warnings.catch_warnings():

@@ -11,6 +11,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+# The suite runs on the CPU, with the compile extra's plugins installed (the JAX CUDA plugin,
+# libtpu): they must not probe for devices that are not here (`perf/compile/targets.py`).
+# (JAX reads JAX_PLATFORMS when imported; libtpu its variables when a TPU target is compiled.)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from paraflax.perf.compile.targets import TPU_ENV  # noqa: E402
+
+for _k, _v in TPU_ENV.items():
+  os.environ.setdefault(_k, _v)
+
 # The suite compiles hundreds of small programs and runs each a few times: XLA:CPU's LLVM
 # backend at -O0 compiles them faster than it loses running them (about a fifth off the whole
 # suite, docs/testing.md). HLO optimisation is unchanged; every exactness test compares

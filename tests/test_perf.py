@@ -12,7 +12,7 @@ import pytest
 
 from paraflax import cli, devices
 from paraflax.model.run import RunControl
-from paraflax.perf import batches, decode, rows, shapes, tables, train
+from paraflax.perf import batches, decode, pages, rows, shapes, tables, train
 from paraflax.perf import cli as perf_cli
 from paraflax.perf.report import Report
 from paraflax.perf.trace import trace_summary
@@ -96,11 +96,12 @@ def test_tables_render_each_kind_and_the_cache_share():
 
 
 @pytest.mark.fast
-def test_the_gpu_page_holds_the_tables_its_json_files_render():
-  page = (GPU / "README.md").read_text()
-  rendered = tables.update_page(page, GPU)
-  assert rendered == page, "run: paraflax perf render --page docs/gpu/README.md"
-  files = sorted(GPU.glob("*.json"))
+@pytest.mark.parametrize("folder", [GPU, ROOT / "docs" / "compile"], ids=["gpu", "compile"])
+def test_each_rows_page_holds_the_tables_its_json_files_render(folder):
+  page = (folder / "README.md").read_text()
+  rendered = pages.update_page(page, folder)
+  assert rendered == page, f"run: paraflax perf render --page docs/{folder.name}/README.md"
+  files = sorted(folder.glob("*.json"))
   assert files and all(f"<!-- perf: {f.name}" in page for f in files)
   for f in files:  # every committed run is rows of the schema
     assert {r["kind"] for r in rows.read_rows(f)} <= set(rows.KINDS)

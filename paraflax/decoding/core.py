@@ -24,12 +24,14 @@ STEPS_PER_ITER = {"cpu": 1}
 STEPS_PER_ITER_ACCELERATOR = 4
 
 
-def resolve_steps_per_iter(value: int | None, decoder: Decoder, max_new_tokens: int) -> int:
-  """The decode steps per loop iteration for `value` (None: `STEPS_PER_ITER` of the default
-  backend), at most the loop's step budget; anything but an int >= 1 or None is a ValueError."""
+def resolve_steps_per_iter(value: int | None, decoder: Decoder, max_new_tokens: int,
+                           backend: str | None = None) -> int:
+  """The decode steps per loop iteration for `value` (None: `STEPS_PER_ITER` of `backend`, the
+  model's `RunControl.backend()`; None: the default backend), at most the loop's step budget;
+  anything but an int >= 1 or None is a ValueError."""
   n = checks.integer("steps_per_iter", value, 1, none_ok=True)
   if n is None:
-    n = STEPS_PER_ITER.get(jax.default_backend(), STEPS_PER_ITER_ACCELERATOR)
+    n = STEPS_PER_ITER.get(backend or jax.default_backend(), STEPS_PER_ITER_ACCELERATOR)
   return min(n, decoder.max_steps(max_new_tokens))
 
 
@@ -54,7 +56,7 @@ def decode_loop(fwd: st.Forward, draft: st.Forward | None, decoder: Decoder, pro
   (or []) EOS ids, -1 for none. Weights wider than the compute dtype are cast to it first
   (`Forward.in_compute_dtype`)."""
   fwd = fwd.in_compute_dtype()
-  draft = None if draft is None else draft.in_compute_dtype()
+  draft = None if draft is None else draft.in_compute_dtype().replace(scope="drafter")
   state = decoder.init(fwd, draft, prompts_BxP, prompt_lens_B, max_new_tokens, rng, eos_id)
   state = sharding.constrain(state)  # no-op without a mesh
   state = jax.lax.while_loop(
@@ -101,7 +103,7 @@ def generate_fn(model, decoder: Decoder | None = None, max_new_tokens: int = 128
   decoder, max_new_tokens, eos_E = check_setup(
       model.cfg, decoder, max_new_tokens, eos_id,
       None if draft_model is None else draft_model.cfg)
-  unroll = resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens)
+  unroll = resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens, model.run.backend())
   graphdef, cfg = nnx.split(model)[0], model.cfg
   draft_def = None if draft_model is None else (nnx.split(draft_model)[0], draft_model.cfg)
 

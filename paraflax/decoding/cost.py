@@ -17,23 +17,16 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import re
 import time
 
 import jax
 import jax.numpy as jnp
-from jax._src.lib import xla_client
 
+from paraflax import hlo
 from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
 
-# instructions that launch no work: the rest of a loop body are its "ops" (a kernel each,
-# roughly, on a GPU)
-_FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
-                   "after-all", "opt-barrier", "partition-id", "replica-id"})
 _HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _COSTS = ("bytes accessed", "flops", "transcendentals")
 
 _loop = jax.jit(core.decode_loop, static_argnames=("max_new_tokens", "steps_per_iter"))
@@ -43,40 +36,21 @@ def _abstract(tree):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
-  """The computations of an HLO module's text: (name -> instruction lines, entry name)."""
-  comps, entry, name = {}, None, None
-  for line in hlo.splitlines():
-    if name is None:
-      m = re.match(r"(ENTRY )?(%?[\w.\-]+) .*\{$", line)
-      if m:
-        name = m.group(2)
-        comps[name] = []
-        entry = name if m.group(1) else entry
-    elif line == "}":
-      name = None
-    else:
-      comps[name].append(line)
-  return comps, entry
-
-
-def _analyse(hlo: str, comps: dict[str, list[str]], name: str):
+def _analyse(text: str, comps: dict, name: str):
   """(XLA's cost analysis, the work-launching instructions by opcode) of computation `name`.
   XLA's cost analysis counts one trip of a nested `while`: one with a known trip count n
   (a `fori_loop`) is counted n times here, in both; one without, once."""
-  full = _cost_of(_as_entry(hlo, name))
+  full = hlo.cost_analysis(hlo.as_entry(text, name))
   cost = collections.Counter({k: full.get(k, 0.0) for k in _COSTS})
   ops = collections.Counter()
-  for line in comps[name]:
-    m = _INSTRUCTION.match(line)
-    if m is None or m.group(1) in _FREE:
+  for ins in comps[name]:
+    if ins.op in hlo.FREE or ins.op.endswith("-done"):
       continue
-    if m.group(1) != "while":
-      ops[m.group(1)] += 1
+    if ins.op != "while":
+      ops[ins.op] += 1
       continue
-    trips = _TRIP_COUNT.search(line)
-    trips = int(trips.group(1)) if trips else 1
-    inner_cost, inner_ops = _analyse(hlo, comps, re.search(r"body=(%?[\w.\-]+)", line).group(1))
+    trips = ins.trip_count or 1
+    inner_cost, inner_ops = _analyse(text, comps, ins.attribute("body").lstrip("%"))
     for k, v in inner_cost.items():
       cost[k] += (trips - 1) * v
     for k, v in inner_ops.items():
@@ -84,43 +58,21 @@ def _analyse(hlo: str, comps: dict[str, list[str]], name: str):
   return cost, ops
 
 
-def _loop_body(hlo: str, cache_shape: str) -> tuple[str, dict[str, list[str]]]:
+def loop_body(comps: dict, entry: str, cache_shape: str) -> str:
   """The body of the entry's `while` whose state holds the cache (`cache_shape`, e.g.
   "bf16[24,1,273,2,64]"): the decode loop, not a prefill's RNG loop."""
-  comps, entry = _computations(hlo)
-  bodies = [re.search(r"body=(%?[\w.\-]+)", line).group(1) for line in comps[entry]
-            if " while(" in line and cache_shape in line.split(" while(")[0]]
+  bodies = [ins.attribute("body").lstrip("%") for ins in comps[entry]
+            if ins.op == "while" and cache_shape in ins.shape]
   if len(bodies) != 1:
     raise RuntimeError(f"expected one decode loop carrying a {cache_shape} cache in the "
                        f"compiled program, found {len(bodies)}")
-  return bodies[0], comps
+  return bodies[0]
 
 
-def _as_entry(hlo: str, name: str) -> str:
-  """The module's text with computation `name` as its entry (for XLA's cost analysis)."""
-  out = []
-  for line in hlo.splitlines():
-    if line.startswith("HloModule"):
-      line = line.split(",")[0]  # the entry's layout no longer applies
-    elif line.startswith("ENTRY "):
-      line = line[len("ENTRY "):]
-    if line.startswith(name + " "):
-      line = "ENTRY " + line
-    out.append(line)
-  return "\n".join(out)
-
-
-def _cost_of(hlo_text: str) -> dict:
-  """XLA's cost analysis of an HLO module's text on the default backend."""
-  try:
-    from jaxlib._hlo import hlo_module_from_text  # noqa: PLC0415 (newer jaxlibs)
-  except ImportError:
-    hlo_module_from_text = getattr(xla_client._xla, "hlo_module_from_text", None)
-  analyse = getattr(xla_client._xla, "hlo_module_cost_analysis", None)
-  if hlo_module_from_text is None or analyse is None:
-    raise RuntimeError(f"this jaxlib ({jax.lib.__version__}) exposes no HLO parser or cost "
-                       "analysis for a loop body")
-  return analyse(jax.devices()[0].client, hlo_module_from_text(hlo_text))
+def cache_shape(cfg, batch: int, slots: int) -> str:
+  """The HLO shape text of the decode loop's K (or V) cache."""
+  return (f"{_HLO_DTYPES[cfg.dtype]}[{cfg.n_layers},{batch},{slots},{cfg.n_kv_heads},"
+          f"{cfg.dim_per_head}]")
 
 
 def _bytes_at(tree, dtype) -> int:
@@ -154,7 +106,8 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
   draft_cfg = None if draft_model is None else draft_model.cfg
   decoder, max_new_tokens, eos_E = core.check_setup(cfg, decoder, max_new_tokens, None, draft_cfg)
   batch, cache_len = checks.integer("batch", batch, 1), checks.integer("cache_len", cache_len, 1)
-  unroll = core.resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens)
+  unroll = core.resolve_steps_per_iter(steps_per_iter, decoder, max_new_tokens,
+                                       model.run.backend())
   if cache_len + max_new_tokens > cfg.max_seq_len:
     raise ValueError(f"cache_len ({cache_len}) + max_new_tokens ({max_new_tokens}) exceeds the "
                      f"model's max_seq_len {cfg.max_seq_len}")
@@ -164,14 +117,13 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
           jax.ShapeDtypeStruct((batch,), jnp.int32),
           jax.eval_shape(functools.partial(jax.random.key, 0)), _abstract(eos_E))
   start = time.perf_counter()
-  hlo = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
+  text = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
                     steps_per_iter=unroll).compile().as_text()
   compile_s = time.perf_counter() - start
   slots = decoder.cache_capacity(cache_len, max_new_tokens) + 1  # + the spare slot
-  cache_shape = (f"{_HLO_DTYPES[cfg.dtype]}[{cfg.n_layers},{batch},{slots},{cfg.n_kv_heads},"
-                 f"{cfg.dim_per_head}]")
-  body, comps = _loop_body(hlo, cache_shape)
-  cost, ops = _analyse(hlo, comps, body)
+  comps, entry = hlo.computations(text)
+  body = loop_body(comps, entry, cache_shape(cfg, batch, slots))
+  cost, ops = _analyse(text, comps, body)
   cost = {k: v / unroll for k, v in cost.items()}
   weight_bytes = _bytes_at(fwd.params, cfg.compute_dtype)
   cache_bytes = _cache_bytes(cfg, batch, cache_len)

@@ -99,7 +99,8 @@ def generate(model, prompts: Sequence[Sequence[int]] | np.ndarray, decoder=None,
   args, resolved = _setup(model, prompts, decoder, max_new_tokens, rng, eos_id, draft_model,
                           prompt_lengths, max_prompt_len, mesh, axis_rules)
   max_new_tokens = int(max_new_tokens)
-  unroll = core.resolve_steps_per_iter(steps_per_iter, args[2], max_new_tokens)
+  unroll = core.resolve_steps_per_iter(steps_per_iter, args[2], max_new_tokens,
+                                       model.run.backend())
   with sharding.use_mesh(resolved):
     if loop == "while":
       out = _generate_while(*args, max_new_tokens=max_new_tokens, steps_per_iter=unroll)

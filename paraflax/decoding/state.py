@@ -25,6 +25,7 @@ class Forward:
   graphdef: Any = struct.field(pytree_node=False)
   cfg: ModelConfig = struct.field(pytree_node=False)
   params: Any = None
+  scope: str = struct.field(pytree_node=False, default="target")  # its `jax.named_scope`
 
   @classmethod
   def of(cls, model: nnx.Module) -> "Forward":
@@ -32,7 +33,8 @@ class Forward:
     return cls(graphdef=graphdef, cfg=model.cfg, params=params)
 
   def __call__(self, tokens, positions, mask, cache=None, queries=None):
-    return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache, queries)
+    with jax.named_scope(self.scope):  # a compiled step's kernels, by model (`perf compile`)
+      return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache, queries)
 
   def in_compute_dtype(self) -> "Forward":
     """The weights wider than the compute dtype cast to it (float32 parameters of a bf16

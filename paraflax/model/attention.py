@@ -9,11 +9,19 @@ grouped-query: H = G * Hkv, query head h reads kv head h // G. The `attention` s
                read in place (no concatenation); memory quadratic in length.
   xla_chunked  tokamax's chunked XLA attention (online softmax over key chunks of 1024 and
                query chunks of 512, each chunk rematerialised): every backend, memory linear.
-  mosaic       tokamax Pallas kernels: TPU splash attention / Mosaic GPU (sm90+).
+  mosaic       tokamax Pallas kernels: TPU splash attention / Mosaic GPU (sm90+). Splash
+               attention tiles queries and keys in blocks of `KERNEL_BLOCK` (128) and refuses
+               other lengths (a ValueError), so "auto" picks it only for lengths it divides.
   triton       tokamax Pallas Triton flash attention (GPU).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU).
-  auto         `resolve`: static in (backend, compute dtype, max_seq_len), plus a decode rule;
-               what it picks per backend, and where that was verified: docs/kernels.md.
+  auto         `resolve`: static in (backend, compute dtype, max_seq_len), plus decode and
+               block rules; what it picks per backend, and where that was verified:
+               docs/kernels.md.
+
+Under a mesh (`sharding.use_mesh` / `traced_on`, more than one device) the kernels run in a
+`jax.shard_map` (XLA cannot partition a custom kernel call): rows split over the batch axes,
+heads over "tensor" when it divides the kv heads (a query head stays with its kv head), the
+rest replicated; xla and xla_chunked are partitioned by XLA itself.
 
 xla and xla_chunked honour `jax_default_matmul_precision` (float32 exactness); the
 accelerator kernels do not promise to, so "auto" never picks them for float32 compute.
@@ -33,8 +41,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from paraflax.model.mask_structure import EMPTY, Structured
+from paraflax.parallel import sharding
 
 IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
@@ -43,22 +53,27 @@ ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
 DENSE_MAX_LEN = 1024  # models with max_seq_len up to this run dense xla (small, faster)
 BLOCK = 128  # queries and keys per tile of `blockwise`
+KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
 
 def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
-            rows: int = 0, cached: bool = False) -> str | tuple[str, ...]:
+            rows: int = 0, cached: bool = False, keys: int | None = None
+            ) -> str | tuple[str, ...]:
   """The implementation the `attention` setting stands for: static (backend, dtype, the
-  model's `max_len`; query `rows` and whether there is a cache only for the decode rule).
+  model's `max_len`; query `rows`, whether there is a cache and the key length `keys`, cache
+  slots + rows (None: `rows`, a cache-free call), for the decode and block rules).
 
   "auto", in order: (1) decode rule: a call over a cache with <= `DECODE_ROWS` query rows
   runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
   (2) a model with max_seq_len <= `DENSE_MAX_LEN` runs "xla"; (3) on CPU or with float32
   compute "xla_chunked" (float32 exactness, DESIGN invariant 1, needs a path that honours
-  the matmul precision); (4) with 16-bit compute, on TPU "mosaic", falling back to
-  "xla_chunked" for a shape the kernel declines; on GPU "xla_chunked" until a GPU run
-  verifies a tokamax kernel with the supported versions (docs/kernels.md).
+  the matmul precision); (4) with 16-bit compute, on TPU "mosaic" when `KERNEL_BLOCK`
+  divides both `rows` and `keys` (splash attention's blocks; a prompt padded to 64 tokens
+  or a 72-row TiDAR step runs "xla_chunked"), falling back to "xla_chunked" for a shape the
+  kernel declines; on GPU "xla_chunked" until a GPU run verifies a tokamax kernel with the
+  supported versions (docs/kernels.md).
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
@@ -71,16 +86,19 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
     return attention
   if (cached and rows <= DECODE_ROWS) or (max_len is not None and max_len <= DENSE_MAX_LEN):
     return "xla"
-  if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
+  if backend != "tpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla_chunked"
-  return ("mosaic", "xla_chunked") if backend == "tpu" else "xla_chunked"
+  blocks = rows % KERNEL_BLOCK == 0 and (rows if keys is None else keys) % KERNEL_BLOCK == 0
+  return ("mosaic", "xla_chunked") if blocks else "xla_chunked"
 
 
 def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla",
-           cache_kv=None, max_len: int | None = None):
+           cache_kv=None, max_len: int | None = None, backend: str | None = None):
   """Masked attention `[B, T, H, D]` over keys [cache slots | chunk]: k, v `[B, T', Hkv, D]`
   (T' = T, or fewer for two-stream calls), `cache_kv` None or (k, v) `[B, S, Hkv, D]` (cast
-  to q's dtype), mask `[B, T, S+T']`. `attention` and `max_len`: see `resolve`."""
+  to q's dtype), mask `[B, T, S+T']`. `attention`, `max_len` and `backend` (the platform to
+  resolve for; None: the default backend): see `resolve`. A kernel under a mesh runs in a
+  shard_map (`_shard_mapped`)."""
   q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
@@ -90,16 +108,34 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
       k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
       v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
     return blockwise(q_BxTxHxD, k, v, mask_BxTxS)
-  impl = resolve(attention, jax.default_backend(), dt, max_len=max_len, rows=t,
-                 cached=cache_kv is not None)
+  impl = resolve(attention, backend or jax.default_backend(), dt, max_len=max_len, rows=t,
+                 cached=cache_kv is not None, keys=s + k_BxTxKxD.shape[1])
   if impl == "xla":
     return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv)
   k, v = k_BxTxKxD, v_BxTxKxD
   if s:  # the kernels take one key array: copy the cache in front of the chunk
     k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
-  return _tokamax().dot_product_attention(q_BxTxHxD, k, v, mask=mask_BxTxS[:, None],
-                                       implementation=impl)
+
+  def call(q, k, v, mask):
+    return _tokamax().dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
+
+  kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
+  mesh = sharding.context_mesh() if kernel else None
+  if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
+    call = _shard_mapped(call, mesh, k.shape)
+    mask_BxTxS = jnp.broadcast_to(mask_BxTxS, (*q_BxTxHxD.shape[:2], k.shape[1]))
+  return call(q_BxTxHxD, k, v, mask_BxTxS)
+
+
+def _shard_mapped(call, mesh, k_shape):
+  """`call(q, k, v, mask)` in a `jax.shard_map` over `mesh`: each device runs the kernel on
+  its rows (batch over the batch axes) and heads ("tensor" when it divides the kv heads; the
+  q heads then split alike, so q head h stays with kv head h // G), the rest replicated."""
+  batch, _, heads, _ = sharding.logical_spec(("batch", None, "kv_heads", None), k_shape, mesh)
+  qkv = P(batch, None, heads, None)
+  return jax.shard_map(call, mesh=mesh, in_specs=(qkv, qkv, qkv, P(batch)), out_specs=qkv,
+                       check_vma=False)
 
 
 def _tokamax():

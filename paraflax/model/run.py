@@ -21,6 +21,10 @@ them.
                decode step would pay every token: "auto" (`scans`) scans the cache-free calls
                (training, validation) of a model whose remat resolves to a policy, never a
                call over a cache (decoding).
+  platform     the platform "auto" resolves for: "cpu", "gpu" or "tpu"; None (the default)
+               the process's own backend (`backend`). A program compiled for another
+               target (`paraflax perf compile`) names the target's platform here, so every
+               choice ("auto" attention, steps per decode iteration) is the target's.
   loss_chunk   positions of a row the training losses project through the output head at
                once (`training/objectives/head_loss.py`): None ("auto") the whole row while its
                float32 logits stay small, chunks that keep them so otherwise; an int forces
@@ -34,7 +38,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from paraflax.model.attention import IMPLEMENTATIONS
+from paraflax.model.attention import IMPLEMENTATIONS, resolve
 from paraflax.model.config import ModelConfig
 
 # `remat` -> what `jax.checkpoint` saves of a layer (None: no checkpoint; dots without batch
@@ -42,6 +46,7 @@ from paraflax.model.config import ModelConfig
 REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
                   "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 REMAT = ("auto", *REMAT_POLICIES)
+PLATFORMS = (None, "cpu", "gpu", "tpu")
 # "auto" remat: rematerialise when a backward pass would keep more than this per row
 REMAT_BUDGET = 256 * 2**20
 
@@ -54,6 +59,7 @@ class RunControl:
   remat: str = "auto"
   scan_layers: bool | str = "auto"  # True | False | "auto"
   loss_chunk: int | None = None  # None: auto
+  platform: str | None = None  # None: the process's default backend
 
   def __post_init__(self):
     if self.attention not in IMPLEMENTATIONS:
@@ -64,11 +70,17 @@ class RunControl:
     if not (isinstance(self.scan_layers, bool) or self.scan_layers == "auto"):
       raise ValueError(f"run.scan_layers must be True, False or 'auto', got "
                        f"{self.scan_layers!r}")
+    if self.platform not in PLATFORMS:
+      raise ValueError(f"run.platform must be one of {PLATFORMS}, got {self.platform!r}")
     if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool)
                                         or not isinstance(self.loss_chunk, int)
                                         or self.loss_chunk < 1):
       raise ValueError(f"run.loss_chunk must be an int >= 1 or None (auto), "
                        f"got {self.loss_chunk!r}")
+
+  def backend(self) -> str:
+    """The platform the run control resolves for: `platform`, else the default backend."""
+    return self.platform or jax.default_backend()
 
   def remat_policy(self, cfg: ModelConfig) -> str:
     """`remat` with "auto" resolved for `cfg`: "full" when the activations an
@@ -79,6 +91,21 @@ class RunControl:
       return self.remat
     per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
     return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
+
+  def attention_for(self, cfg: ModelConfig, rows: int, cached: bool = False,
+                    keys: int | None = None) -> str:
+    """The attention `attention` resolves to for a call of `cfg`'s model with `rows` query
+    rows over `keys` keys (None: `rows`, a cache-free call; cached: slots + rows) on
+    `backend()`; "kernel|fallback" where it falls back for shapes a kernel declines."""
+    impl = resolve(self.attention, self.backend(), cfg.dtype, max_len=cfg.max_seq_len,
+                   rows=rows, cached=cached, keys=keys)
+    return impl if isinstance(impl, str) else "|".join(impl)
+
+  def resolved(self, cfg: ModelConfig, rows: int) -> dict:
+    """This run control with "auto" resolved for a training call of `cfg`'s model on rows of
+    `rows` tokens, and the platform it resolved for (what a workdir records)."""
+    return {"attention": self.attention_for(cfg, rows), "remat": self.remat_policy(cfg),
+            "scan_layers": self.scans(cfg, cached=False), "platform": self.backend()}
 
   def scans(self, cfg: ModelConfig, cached: bool) -> bool:
     """`scan_layers` with "auto" resolved for one call of `cfg`'s model: scan a cache-free

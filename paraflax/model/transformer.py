@@ -132,9 +132,10 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
 
   def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq, t_kv,
-               attention):
+               attention, backend):
     """Rows `:t_kv` of x are content tokens (they make the keys/values); rows after them are
-    query-stream rows (they only query); `attention`: `RunControl.attention`."""
+    query-stream rows (they only query); `attention`, `backend`: `RunControl.attention` and
+    the platform it resolves for (`RunControl.backend()`)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     content = x_BxTxD[:, :t_kv]
     q = jnp.einsum("btd,dhk->bthk", x_BxTxD, self.wq[...].astype(dt))
@@ -149,7 +150,7 @@ class Attention(nnx.Module):
 
     cache_kv = None if cache_k is None else (cache_k, cache_v)
     out = attend(q, k, v, mask_BxTxK, attention=attention, cache_kv=cache_kv,
-                 max_len=cfg.max_seq_len)
+                 max_len=cfg.max_seq_len, backend=backend)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
 
 
@@ -175,14 +176,14 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention):
+  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention, backend):
     a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq, t_kv,
-                      attention)
+                      attention, backend)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
 
-def _layer_call(remat: str, attention: str, inv_freq: np.ndarray, t_kv: int):
+def _layer_call(remat: str, attention: str, backend: str, inv_freq: np.ndarray, t_kv: int):
   """`run(layer, x, positions, mask, cache_k, cache_v) -> (x, (k, v))`, rematerialised as
   `remat` (resolved) says. The host constants (RoPE frequencies, content rows, the attention
   setting) are closed over, so they stay static under `jax.checkpoint`; a missing cache (None)
@@ -192,7 +193,7 @@ def _layer_call(remat: str, attention: str, inv_freq: np.ndarray, t_kv: int):
   graph updates refuse to touch from the checkpoint's trace."""
   def run(layer, x, positions, mask, cache_k, cache_v):
     x = sharding.constrain_batch(x)  # rows stay split over the batch axes (FSDP)
-    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention)
+    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention, backend)
   if REMAT_POLICIES[remat] is None:
     return run
 
@@ -261,7 +262,8 @@ class Transformer(nnx.Module):
     x = self.embed[...].astype(dt)[tokens_BxT]
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
-    call = _layer_call(self.run.remat_policy(cfg), self.run.attention, inv_freq, t)
+    call = _layer_call(self.run.remat_policy(cfg), self.run.attention, self.run.backend(),
+                       inv_freq, t)
     if self.run.scans(cfg, cached=cache is not None):
       x, (ks, vs) = _scan_layers(self.layers, call, x, positions_BxT, mask, cache)
     else:

@@ -217,7 +217,7 @@ def state_specs(state: Any, mesh, rules=RULES) -> Any:
   return dataclasses.replace(state, **specs)
 
 
-def _context_mesh():
+def context_mesh():
   """The mesh `use_mesh` set while tracing (Auto axes named like this module's); else None."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(AXES) <= set(mesh.axis_names):
@@ -230,7 +230,7 @@ def _context_mesh():
 def constrain(state):
   """Inside jit under `use_mesh`: pin a declared state (a cache, a decoder state) to
   `state_specs`; elsewhere the identity."""
-  mesh = _context_mesh()
+  mesh = context_mesh()
   if mesh is None:
     return state
   return jax.lax.with_sharding_constraint(state, state_specs(state, mesh))
@@ -240,7 +240,7 @@ def constrain_batch(x_BxN):
   """Inside jit under a mesh context: split an activation's leading batch dim over the batch
   axes (data x fsdp), the rest replicated; elsewhere the identity. Pinning the residual stream
   this way makes FSDP gather each layer's weights rather than every row's activations."""
-  mesh = _context_mesh()
+  mesh = context_mesh()
   if mesh is None:
     return x_BxN
   names = ("batch",) + (None,) * (x_BxN.ndim - 1)
@@ -250,7 +250,7 @@ def constrain_batch(x_BxN):
 def batch_shards(b: int) -> int:
   """Into how many parts `constrain_batch` splits `b` rows under the context mesh (1 outside
   one): the rows each device holds are b / batch_shards(b)."""
-  mesh = _context_mesh()
+  mesh = context_mesh()
   if mesh is None:
     return 1
   spec = logical_spec(("batch",), (b,), mesh)[0]
@@ -272,7 +272,7 @@ def traced_on(mesh, fn):
 
 def constrain_replicated(tree):
   """Inside jit under `use_mesh`: make outputs whole on every device (and every process)."""
-  mesh = _context_mesh()
+  mesh = context_mesh()
   if mesh is None:
     return tree
   return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, P()), tree)

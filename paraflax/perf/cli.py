@@ -10,6 +10,8 @@ from pathlib import Path
 
 from paraflax.model.run import RunControl
 from paraflax.perf import decode, family, slots, train
+from paraflax.perf.compile import run as compile_run
+from paraflax.perf.compile.targets import TARGETS
 from paraflax.training.config.fields import field_types
 from paraflax.training.config.overrides import parse
 
@@ -19,7 +21,10 @@ PARTS = {"slots": (slots.SlotsPlan, slots.run, "the slot cost c(k) of a k-slot d
          "train": (train.TrainPlan, train.run, "one training step per objective: step time, "
                    "tokens/s, MFU, the run control used"),
          "family": (family.FamilyPlan, family.run, "the demo family trained from scratch at a "
-                    "larger shape, then every bench method")}
+                    "larger shape, then every bench method"),
+         "compile": (compile_run.CompilePlan, compile_run.run, "every training step and decode "
+                     "loop compiled for a GPU or TPU target on this host: kernels, host syncs, "
+                     "memory, bytes (nothing runs)")}
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -45,6 +50,9 @@ def _scan(value: str):
 
 # flag -> (type, help); a part takes the flags named like its plan's fields
 FLAGS = {
+    "target": (str, f"compile for: {', '.join(TARGETS)}, with a mesh after a colon "
+                    "(tpu-v5e:2x4, h100:2)"),
+    "hlo": (str, "a directory: write each program's optimised HLO text there"),
     "shape": (str, "model shape: qwen2.5-0.5b, qwen2.5-7b, demo-21m (family), micro"),
     "layers": (int, "n_layers instead of the shape's"),
     "dtype": (str, "compute dtype (slots: bfloat16, decode: float32, train: bfloat16 with "
@@ -52,7 +60,7 @@ FLAGS = {
     "attention": (str, "RunControl.attention (default: auto)"),
     "batches": (_ints, "batch sizes, comma-separated (default 1,8)"),
     "repeats": (int, "best of this many timings"),
-    "cache_len": (int, "filled cache slots (default 2048)"),
+    "cache_len": (int, "cache slots (default 2048)"),
     "slots": (_ints, "causal query-slot widths (default 1,4,16,64)"),
     "tidar_k": (_ints, "TiDAR's k + k^2 widths for these k (default 4,8; empty: none)"),
     "short_cache": (int, "also time --short-slots over this cache (default 256; 0: off)"),
@@ -60,7 +68,7 @@ FLAGS = {
     "inner": (int, "forwards per timed program (default 8; 1 on a CPU)"),
     "decoders": (_names, "decoders by CLI name (default: every generate decoder)"),
     "prompt_len": (int, "prompt tokens (default 64)"),
-    "new_tokens": (int, "new tokens per row (decode 512, family 128)"),
+    "new_tokens": (int, "new tokens per row (decode 512, family 128, compile 64)"),
     "profile": (str, "a directory: trace one call per decoder, its summary in the row"),
     "objectives": (_names, "objectives (default: ar, jacobi_forcing, tidar, deer_stage1, "
                            "deer_stage2, asarm)"),
@@ -115,7 +123,8 @@ def plan_of(args):
 def run(args, argv) -> int:
   """Run `args.part`; 1 when some of its measurements failed (the rest are written)."""
   from paraflax.perf.report import Report
-  from paraflax.perf.tables import render, update_page
+  from paraflax.perf.pages import update_page
+  from paraflax.perf.tables import render
   if args.part == "render":
     if not args.files and not args.page:
       raise ValueError("render what? give perf JSON files, or --page FILE.md")
@@ -128,7 +137,14 @@ def run(args, argv) -> int:
       print(render([r for f in args.files for r in read_rows(f)]))
     return 0
   plan = plan_of(args)
-  report = Report(args.json, args.md, "paraflax " + " ".join(map(shlex.quote, argv)))
+  env = None
+  if args.part == "compile":  # rows of the target, compiled on this host
+    import jax
+
+    from paraflax.perf.compile.targets import parse
+    target = parse(plan.target)
+    env = {"device": target.device_kind, "backend": target.platform, "jax": jax.__version__}
+  report = Report(args.json, args.md, "paraflax " + " ".join(map(shlex.quote, argv)), env)
   log = lambda s: print(s, flush=True)
   log(f"perf {args.part} on {report.env['device']} ({report.env['backend']}), "
       f"JAX {report.env['jax']}")

@@ -44,14 +44,19 @@ def repetitive_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[l
   return [np.resize(rng.integers(4, vocab, 8), length).tolist() for _ in range(n)]
 
 
-def drafter_model(kind: str, cfg, plan: DecodePlan):
-  """A random drafter with the target's vocabulary and attention (`plan.attention`): a small
-  AR model ("ar") or a DEER block-diffusion drafter of the same size ("diffusion")."""
+def drafter_config(kind: str, cfg, drafter: dict = SMALL_DRAFTER):
+  """The config of a drafter with the target's vocabulary: a small AR model ("ar") or a DEER
+  block-diffusion drafter of the same size ("diffusion")."""
   from paraflax.model.config import ModelConfig
   extra = {"mask_token_id": 2, "sep_token_id": 3} if kind == "diffusion" else {}
-  return random_model(ModelConfig(vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len,
-                                  tie_embeddings=True, dtype=cfg.dtype, param_dtype=cfg.dtype,
-                                  **plan.drafter, **extra), seed=1, attention=plan.attention)
+  return ModelConfig(vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len,
+                     tie_embeddings=True, dtype=cfg.dtype, param_dtype=cfg.dtype,
+                     **drafter, **extra)
+
+
+def drafter_model(kind: str, cfg, plan: DecodePlan):
+  """A random drafter (`drafter_config`) with the target's attention (`plan.attention`)."""
+  return random_model(drafter_config(kind, cfg, plan.drafter), seed=1, attention=plan.attention)
 
 
 def timed(call, repeats: int) -> tuple[object, float, float]:

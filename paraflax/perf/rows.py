@@ -13,7 +13,7 @@ import os
 
 from paraflax.json_io import read_json
 
-KINDS = ("slots", "decode", "train", "family")
+KINDS = ("slots", "decode", "train", "family", "compile")
 COMMON = ("kind", "device", "backend", "jax", "shape", "dtype")
 REQUIRED = {
     "slots": ("cache_len", "batch", "slots", "mask", "forward_ms", "vs_one_slot"),
@@ -22,6 +22,10 @@ REQUIRED = {
     "train": ("objective", "batch", "seq_len", "step_s", "tokens_per_s", "flops_per_token", "mfu",
               "attention", "remat", "scan_layers"),
     "family": (),  # a trained stage (`stage`) or a bench row (`method`)
+    # compiled for a target, never run (`perf compile`): `device` is the target's kind
+    "compile": ("compiled_only", "target", "program", "batch", "defaults", "run_control",
+                "kernels_per_step", "kernel_mix", "host_syncs_per_step", "memory",
+                "bytes_per_step", "flops_per_step", "compile_s"),
 }
 # the fields that say what a row measured: rows equal in these (and in `kind`, `shape`,
 # `dtype`) are the same measurement, and a later one replaces the earlier
@@ -30,6 +34,8 @@ SETTING = {
     "decode": ("decoder", "settings", "batch", "prompt_len", "new_tokens", "loop", "xla_flags"),
     "train": ("objective", "batch", "seq_len", "attention", "remat", "scan_layers", "variant"),
     "family": ("stage", "method", "weights"),
+    "compile": ("target", "program", "objective", "decoder", "batch", "seq_len", "cache_len",
+                "defaults", "run_control", "layers"),
 }
 
 

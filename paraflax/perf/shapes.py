@@ -40,15 +40,3 @@ def random_model(cfg, seed: int = 0, attention: str | None = None):
   from paraflax.model.run import RunControl
   from paraflax.training.run.step import init_params
   return nnx.merge(*init_params(cfg, seed, run=RunControl(attention=attention or "auto")))
-
-
-def attention_used(cfg, run, rows: int, cached: bool) -> str:
-  """The attention `run.attention` resolves to for a call of `cfg`'s model with `rows` query
-  rows (over a cache or not) on this backend; "kernel|fallback" where it falls back for shapes
-  a kernel declines."""
-  import jax
-
-  from paraflax.model.attention import resolve
-  impl = resolve(run.attention, jax.default_backend(), cfg.dtype, max_len=cfg.max_seq_len,
-                 rows=rows, cached=cached)
-  return impl if isinstance(impl, str) else "|".join(impl)

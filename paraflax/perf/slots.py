@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from paraflax.perf.shapes import attention_used, model_config, random_model
+from paraflax.perf.shapes import model_config, random_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,8 @@ def run(plan: SlotsPlan, add, log) -> list[str]:
         continue
       for r in rows:
         add({"kind": "slots", "shape": plan.shape, "dtype": plan.dtype, "layers": cfg.n_layers,
-             "attention": attention_used(cfg, model.run, r["slots"], cached=True),
+             "attention": model.run.attention_for(cfg, r["slots"], cached=True,
+                                                  keys=cache_len + r["slots"]),
              "cache_len": cache_len, "batch": b, **r, "repeats": plan.repeats, "inner": inner})
         log(f"[slots] cache {cache_len} batch {b} slots {r['slots']:>3} ({r['mask']}): "
             f"{r['forward_ms']:.3f} ms, c = {r['vs_one_slot']:.2f}")

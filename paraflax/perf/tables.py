@@ -1,19 +1,8 @@
-"""Markdown tables of perf rows (`render`), and pages whose tables are rendered from perf JSON
-files (`update_page`): a region
-
-    <!-- perf: h100-2026-11-24.json decode -->
-    ...
-    <!-- /perf -->
-
-holds the tables of that file's rows (of the kinds named after it; all when none), the file
-named relative to the page."""
+"""Markdown tables of perf rows (`render`; pages of them: `pages.py`)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from paraflax.perf.rows import KINDS, read_rows
+from paraflax.perf.rows import KINDS
 from paraflax.perf.slots import cache_shares
 
 
@@ -31,6 +20,14 @@ def notes(r: dict) -> str:
   parts = [f"loop={r['loop']}"] if r.get("loop", "while") != "while" else []
   parts += [r["variant"]] if r.get("variant") else []
   return "; ".join(parts + [r.get("note") or r.get("xla_flags") or ""]).strip("; ")
+
+
+def mix_summary(r: dict) -> str:
+  """A compile row's GEMM, attention and other kernels per step."""
+  mix = r["kernel_mix"]
+  gemm = mix.get("gemm", 0)
+  attention = sum(v for k, v in mix.items() if k.startswith("attention:"))
+  return f"{gemm:,.0f} / {attention:,.0f} / {r['kernels_per_step'] - gemm - attention:,.0f}"
 
 
 COLUMNS = {
@@ -60,6 +57,21 @@ COLUMNS = {
               ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
               ("MFU", lambda r: pct(r["mfu"], ".1f")),
               ("XLA GiB", lambda r: fmt(r.get("xla_gib"))), ("notes", notes)],
+    "compile": [("target", lambda r: r["target"]), ("program", lambda r: r["program"]),
+                ("objective / decoder", lambda r: r.get("objective") or r.get("decoder")),
+                ("batch x tokens",
+                 lambda r: f"{r['batch']} x {r.get('seq_len') or r.get('cache_len')}"),
+                ("run control", lambda r: "defaults" if r["defaults"] else ", ".join(
+                    f"{k}={v}" for k, v in r["run_control"].items() if k != "platform")),
+                ("kernels/step", lambda r: f"{r['kernels_per_step']:,.0f}"),
+                ("GEMM / attention / other", mix_summary),
+                ("host syncs", lambda r: fmt(r["host_syncs_per_step"], "g")),
+                ("GiB / capacity", lambda r: f"{r['memory']['total'] / 2**30:.1f} / "
+                                             f"{r['memory']['capacity'] / 2**30:.0f}"),
+                ("GB/step", lambda r: fmt(r["bytes_per_step"] / 1e9, ".3f")),
+                ("x floor", lambda r: fmt(r.get("bytes_per_floor"))),
+                ("TFLOP/step", lambda r: fmt(r["flops_per_step"] / 1e12, ".3f")),
+                ("compile s", lambda r: fmt(r["compile_s"], ".0f"))],
     "stage": [("stage", lambda r: r["stage"]), ("steps", lambda r: r["steps"]),
               ("wall s", lambda r: f"{r['wall_s']:.1f}"),
               ("tokens/s", lambda r: fmt(r.get("tokens_per_s"), ",.0f")),
@@ -106,15 +118,3 @@ def render(rows: list[dict]) -> str:
     commands = dict.fromkeys((r["command"], r.get("utc", "")) for r in rs)
     out += [f"    {c}    # {utc}" if utc else f"    {c}" for c, utc in commands] + [""]
   return "\n".join(out)
-
-
-REGION = re.compile(r"(<!-- perf: (\S+)((?: \w+)*) -->\n)(.*?)(<!-- /perf -->)", re.DOTALL)
-
-
-def update_page(text: str, folder: Path) -> str:
-  """`text` with each perf region's tables rendered again from its file under `folder`."""
-  def region(m):
-    kinds = m.group(3).split()
-    rows = [r for r in read_rows(folder / m.group(2)) if not kinds or r["kind"] in kinds]
-    return m.group(1) + "\n" + render(rows) + "\n" + m.group(5)
-  return REGION.sub(region, text)

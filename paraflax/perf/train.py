@@ -17,7 +17,7 @@ import numpy as np
 
 from paraflax.devices import peak_flops
 from paraflax.model.run import FIELDS as RUN_FIELDS
-from paraflax.perf.shapes import attention_used, shape_fields
+from paraflax.perf.shapes import shape_fields
 from paraflax.training.run import flops
 
 # objective -> the recipe (`paraflax/recipes/<name>.py`) perf resizes
@@ -56,8 +56,7 @@ def run_control(cfg) -> dict:
   """The run control a training step of `cfg` compiles with, "auto" resolved."""
   from paraflax.training.objectives.head_loss import chunk_size
   d, run = cfg.data, cfg.run
-  return {"attention": attention_used(cfg.model, run, d.seq_len, cached=False),
-          "remat": run.remat_policy(cfg.model), "scan_layers": run.scans(cfg.model, cached=False),
+  return {**run.resolved(cfg.model, d.seq_len),
           "loss_chunk": chunk_size(run.loss_chunk, d.batch_size, d.seq_len, cfg.model.vocab_size)}
 
 

@@ -75,6 +75,19 @@ def memory_report(compiled) -> dict[str, int]:
   return memory
 
 
+def lower_step(cfg: TrainConfig, mesh=None):
+  """(the lowered training step of `cfg` on `mesh` (None: one device), its abstract params,
+  its abstract batch): `jit_train_step(...).lower(...)` on `ShapeDtypeStruct`s. `mesh` may be
+  one of a compile target's abstract devices (`perf compile`)."""
+  graphdef, params, tx, opt_state = abstract_state(cfg, mesh)
+  batch = abstract_batch(cfg, mesh)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = _abstract(key.shape, key.dtype, None if mesh is None else sharding.replicated(mesh))
+  step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx, mesh,
+                        params, opt_state, cfg.grad_accum)
+  return step.lower(params, opt_state, batch, key), params, batch
+
+
 def dry_run(cfg: TrainConfig) -> dict:
   """Compile one training step of `cfg` (abstract shapes, on its mesh) and return its
   report: params (count), devices, mesh, objective, batch_size, seq_len, memory per device
@@ -82,15 +95,8 @@ def dry_run(cfg: TrainConfig) -> dict:
   outputs - aliased (donated) + temporaries), flops_per_step, lower_s and compile_s (lowering
   + XLA compilation)."""
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
-  obj = objective(cfg.objective)
-  graphdef, params, tx, opt_state = abstract_state(cfg, mesh)
-  batch = abstract_batch(cfg, mesh)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  key = _abstract(key.shape, key.dtype, None if mesh is None else sharding.replicated(mesh))
-  step = jit_train_step(graphdef, obj.bind(cfg.objective_args), tx, mesh, params, opt_state,
-                        cfg.grad_accum)
   t0 = time.perf_counter()
-  lowered = step.lower(params, opt_state, batch, key)
+  lowered, params, batch = lower_step(cfg, mesh)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 `train(cfg, workdir)` writes into `workdir` (see `workdirs/workdir.py`):
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
+    run_control.json  the run control as resolved, and the platform and device it was for
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`); a
                     step's carries tokens_per_s, tflops_per_device and mfu (`flops.py`)
@@ -72,6 +73,7 @@ from paraflax.training.workdirs import lock
 from paraflax.training.workdirs.checkpoint import Checkpoints
 from paraflax.training.workdirs.workdir import (
   CONFIG,
+  RUN_CONTROL,
   TOKENIZER,
   check_init_from,
   check_workdir,
@@ -281,6 +283,8 @@ def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: b
   check_init_from(cfg, tokenizer, data.tokenizer_source)
   if main:
     write_json(workdir / CONFIG, cfg.to_dict())
+    write_json(workdir / RUN_CONTROL, {**cfg.run.resolved(cfg.model, cfg.data.seq_len),
+                                       "device": jax.devices()[0].device_kind})
     tokenizer.save(workdir / TOKENIZER)
   return data
 

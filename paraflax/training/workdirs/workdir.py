@@ -2,6 +2,8 @@
 config and tokenizer, `init_from`'s tokenizer) and `load_trained`, which reads it back.
 
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
+    run_control.json  the run control "auto" resolved to (`RunControl.resolved`), with the
+                    platform and device it was resolved for
     tokenizer.json  the tokenizer the data was encoded with
     checkpoints/    params + optimizer state + data-iterator state per saved step
 """
@@ -25,6 +27,7 @@ from paraflax.training.run.step import init_params
 from paraflax.training.workdirs.checkpoint import CHECKPOINTS, Checkpoints
 
 CONFIG = "config.json"
+RUN_CONTROL = "run_control.json"
 TOKENIZER = "tokenizer.json"
 
 

@@ -1,0 +1,143 @@
+"""Bytes and FLOPs of a compiled program, per run of a computation, from its optimised HLO
+text: XLA's cost analysis (`hlo.cost_analysis`) for what XLA emits itself, and a costing of
+our own for the custom calls it gives no cost (cuBLAS, cuDNN, Pallas and Mosaic kernels), so a
+program does not look cheaper the more of its work moves into custom calls.
+
+  GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions)
+  attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
+                         dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
+  any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
+  every custom call      bytes: its operands plus its results
+
+A GEMM or attention call whose shapes these rules cannot read is counted in `uncosted`. A
+`while` body counts times its trip count (XLA's analysis counts one trip), a conditional its
+largest branch.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+from paraflax import hlo
+from paraflax.perf.compile.kernels import Program
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
+               "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2,
+               "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
+               "c64": 8, "c128": 16, "token": 0}
+_ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+  """(dtype, dims) of each array in a shape's text (a tuple's elements in order)."""
+  return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in _ARRAY.findall(shape)
+          if t in DTYPE_BYTES]
+
+
+def nbytes(shape: str) -> float:
+  return sum(DTYPE_BYTES[t] * math.prod(d) for t, d in arrays(shape))
+
+
+def operands(ins: hlo.Instruction) -> list[str]:
+  """The operand names of an instruction (the text inside its opcode's parentheses)."""
+  depth = 0
+  for i, ch in enumerate(ins.rest):
+    depth += ch in "({["
+    if ch in ")}]":
+      if depth == 0:
+        return re.findall(r"%([\w.\-]+)", ins.rest[:i])
+      depth -= 1
+  return re.findall(r"%([\w.\-]+)", ins.rest)
+
+
+class Costs:
+  """Bytes, FLOPs and uncosted custom calls per run of a computation of `program`."""
+
+  def __init__(self, program: Program):
+    self.program = program
+    self._xla: dict[str, collections.Counter] = {}
+    self._total: dict[str, collections.Counter] = {}
+
+  def xla(self, name: str) -> collections.Counter:
+    """XLA's cost analysis of computation `name`: nested while bodies counted one trip."""
+    if name not in self._xla:
+      full = hlo.cost_analysis(hlo.as_entry(self.program.text, name))
+      self._xla[name] = collections.Counter({"bytes": full.get("bytes accessed", 0.0),
+                                             "flops": full.get("flops", 0.0)})
+    return self._xla[name]
+
+  def of(self, name: str | None = None) -> collections.Counter:
+    """{"bytes", "flops", "uncosted"} of one run of computation `name` (default: the entry):
+    XLA's figures with every while body's trips counted, plus the custom calls'."""
+    p = self.program
+    name = p.entry if name is None else name
+    if name in self._total:
+      return self._total[name]
+    out = collections.Counter({"uncosted": 0, **self.xla(name)})
+    out.update(self._custom_calls(name))
+    for ins in p.comps[name]:
+      if ins.op == "while":
+        body = ins.attribute("body").lstrip("%")
+        inner, once = self.of(body), self.xla(body)
+        trips = hlo.trip_count(p.comps, name, ins) or 1
+        for k in out:
+          out[k] += trips * inner[k] - once[k]
+      elif ins.op == "conditional":  # XLA's figures count a branch; ours add its custom calls
+        out.update(max((self._custom_calls(c) for c in ins.called), key=lambda c: c["bytes"]))
+    self._total[name] = out
+    return out
+
+  def _custom_calls(self, name: str) -> collections.Counter:
+    """Our costs of the custom calls computation `name` runs itself (async-wrapped ones too)."""
+    out = collections.Counter()
+    comp = self.program.comps[name]
+    shapes = {i.name: i.shape for i in comp}
+    for ins in comp:
+      call = ins
+      if ins.op == "async-start":
+        inner = self.program.comps[ins.called[0]]
+        call = next((i for i in reversed(inner) if i.op not in hlo.FREE), ins)
+        shapes.update({i.name: i.shape for i in inner})
+      if call.op != "custom-call":
+        continue
+      flops = custom_call_flops(call, shapes)
+      if flops is None:
+        out["uncosted"] += 1
+        flops = 0.0
+      out["bytes"] += sum(nbytes(shapes.get(o, "")) for o in operands(call)) + nbytes(call.shape)
+      out["flops"] += flops
+    return out
+
+
+def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | None:
+  """FLOPs of a custom call (module docstring): a GEMM's and an attention kernel's from their
+  shapes, 0 for any other (costed by its bytes); None for a GEMM or attention call whose
+  shapes do not say."""
+  from paraflax.perf.compile.kernels import custom_call_class
+  kind = custom_call_class(ins)
+  ops = [arrays(shapes.get(o, "")) for o in operands(ins)]
+  if kind == "gemm":
+    config = ins.attribute("backend_config") or ""
+    contracting = re.search(r'lhs_contracting_dimensions\\?"\s*:\s*\[([^\]]*)\]', config)
+    result = arrays(ins.shape)
+    if contracting is None or not ops or not ops[0] or not result:
+      return None
+    lhs = ops[0][0][1]
+    dims = [int(d.strip().strip('"\\')) for d in contracting.group(1).split(",") if d.strip()]
+    return 2.0 * math.prod(result[0][1]) * math.prod(lhs[d] for d in dims)
+  if kind.startswith("attention:"):  # q and k: the first two floating operands of rank >= 3
+    qk = [a[0][1] for a in ops if a and a[0][0] in ("bf16", "f16", "f32") and len(a[0][1]) >= 3]
+    if len(qk) < 2:
+      return None
+    q, k = qk[:2]  # [B, T, H, D] and [B, S, Hkv, D] (cuDNN), [H, T, D] and [Hkv, S, D] (splash)
+    flops = 4.0 * math.prod(q) * max(k[1:-1])
+    target = (ins.attribute("custom_call_target") or "") + " " + (kind or "")
+    if _BACKWARD.search(target):
+      flops *= 2.5
+    if re.search(r"causal", ins.attribute("backend_config") or "", re.I):
+      flops /= 2
+    return flops
+  return 0.0

@@ -1,0 +1,219 @@
+"""`paraflax perf compile`: the kernel counter and custom-call costing on a hand-built program
+whose counts are known, targets and run control resolved per target, and a micro model's
+training step and decode loop compiled for a GPU and a TPU target (deviceless, on this CPU)."""
+
+
+import pytest
+
+from paraflax import decoders
+from paraflax.decoding import core
+from paraflax.hlo import computations
+from paraflax.model.run import RunControl
+from paraflax.perf.compile import costs, kernels, targets
+from paraflax.perf.compile import run as compile_run
+from paraflax.perf.rows import check
+from paraflax.perf.shapes import model_config
+
+# a while of 5 known trips (body: an exp fusion, a cuBLAS GEMM, a scalar add; condition: a
+# compare), an async pair around a reduction, a conditional whose branches launch 1 and 3
+# kernels, a copy
+HAND = """HloModule hand, entry_computation_layout={(f32[8,8]{1,0})->f32[8,8]{1,0}}
+
+%add_f32 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %e = f32[8,8]{1,0} exponential(%p)
+}
+
+%fused_sum (p: f32[8,8]) -> f32[8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[8]{0} reduce(%p, %z), dimensions={1}, to_apply=%add_f32
+}
+
+%fused_dot (p: f32[8,8], q: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  %q = f32[8,8]{1,0} parameter(1)
+  ROOT %d = f32[8,8]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %t = (s32[], f32[8,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,8]{1,0} get-tuple-element(%t), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp
+  %g = (f32[8,8]{1,0}, s8[64]{0}) custom-call(%y, %y), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %gy = f32[8,8]{1,0} get-tuple-element(%g), index=0
+  ROOT %out = (s32[], f32[8,8]{1,0}) tuple(%next, %gy)
+}
+
+%cond (t: (s32[], f32[8,8])) -> pred[] {
+  %t = (s32[], f32[8,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%small (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  ROOT %y = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp
+}
+
+%large (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  %y = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp
+  %z = f32[8,8]{1,0} fusion(%y, %y), kind=kOutput, calls=%fused_dot
+  ROOT %w = f32[8,8]{1,0} fusion(%z), kind=kLoop, calls=%fused_exp
+}
+
+%async_wrapped (x: f32[8,8]) -> f32[8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  ROOT %r = f32[8]{0} fusion(%x), kind=kInput, calls=%fused_sum
+}
+
+ENTRY %main (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,8]{1,0}) tuple(%zero, %x)
+  %loop = (s32[], f32[8,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %lx = f32[8,8]{1,0} get-tuple-element(%loop), index=1
+  %start = ((f32[8,8]{1,0}), f32[8]{0}, s32[]) async-start(%lx), calls=%async_wrapped
+  %done = f32[8]{0} async-done(%start)
+  %p = pred[] constant(true)
+  %branch = f32[8,8]{1,0} conditional(%p, %lx, %lx), true_computation=%small, false_computation=%large
+  ROOT %c = f32[8,8]{1,0} copy(%branch)
+}
+"""
+GEMM_FLOPS = 2 * 8 * 8 * 8  # the custom call: [8, 8] x [8, 8]
+
+
+@pytest.mark.fast
+def test_kernels_counted_on_a_hand_built_program():
+  gpu = kernels.Program(HAND, "gpu").count()
+  # 5 trips x 3 (a known trip count runs no condition) + the async pair once + the larger
+  # branch (3) + the copy
+  assert gpu.kernels == 5 * 3 + 1 + 3 + 1
+  assert gpu.syncs == 1  # the conditional; the while's trip count is known
+  assert gpu.mix["gemm"] == 5 + 1 and gpu.mix["reduction"] == 1 and gpu.mix["copy"] == 1
+  tpu = kernels.Program(HAND, "tpu").count()
+  assert tpu.kernels == 5 * 2 + 1 + 3 + 1  # the scalar add runs on the scalar core
+  assert tpu.syncs == 0 and tpu.mix["scalar"] == 5
+  # no known_trip_count (as XLA:TPU writes loops): read off `i < 5` from i = 0
+  inferred = HAND.replace(', backend_config={"known_trip_count":{"n":"5"}}', "")
+  assert kernels.Program(inferred, "gpu").count().kernels == gpu.kernels
+  unknown = inferred.replace("direction=LT", "direction=NE")
+  counted = kernels.Program(unknown, "gpu").count()
+  # an unknown trip count: body and condition counted once, and its predicate is a sync
+  assert counted.kernels == 3 + 1 + 1 + 3 + 1 and counted.syncs == 2
+
+
+@pytest.mark.fast
+def test_custom_calls_are_costed_and_counted_per_trip():
+  program = kernels.Program(HAND, "gpu")
+  comps, _ = computations(HAND)
+  gemm = next(i for i in comps["body"] if i.op == "custom-call")
+  shapes = {i.name: i.shape for i in comps["body"]}
+  assert costs.custom_call_flops(gemm, shapes) == GEMM_FLOPS
+  total = costs.Costs(program).of()
+  assert total["uncosted"] == 0
+  # another custom call moves data: its bytes, no FLOPs
+  bare = costs.Costs(kernels.Program(HAND.replace("__cublas$gemm", "my_kernel"), "gpu")).of()
+  assert bare["uncosted"] == 0 and total["flops"] - bare["flops"] == 5 * GEMM_FLOPS
+  # a GEMM whose dot dimensions cannot be read: uncosted, once per trip
+  blind = HAND.replace("lhs_contracting_dimensions", "lhs_unknown")
+  assert costs.Costs(kernels.Program(blind, "gpu")).of()["uncosted"] == 5
+  # its bytes: operands + results (the workspace too), every trip; XLA's analysis gives none
+  call_bytes = 2 * 8 * 8 * 4 + (8 * 8 * 4 + 64)
+  assert costs.Costs(program)._custom_calls("body")["bytes"] == call_bytes
+  xla_only = costs.Costs(program).xla("main")["bytes"]
+  assert total["bytes"] >= xla_only + 5 * call_bytes
+
+
+@pytest.mark.fast
+def test_targets_parse_and_refuse_in_one_line():
+  assert targets.parse("h200").capacity > 140 * 2**30
+  assert targets.parse("tpu-v5e:2x4").chips == 8 and targets.parse("h100:2").chips == 2
+  for bad in ("h300", "tpu-v5e:2", "h100:2x2", "tpu-v6e:0x1"):
+    with pytest.raises(ValueError) as e:
+      targets.parse(bad)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.fast
+def test_run_control_resolves_for_the_target_not_this_host():
+  cfg = model_config("qwen2.5-0.5b", "bfloat16")
+  host = RunControl()
+  assert host.backend() == "cpu" and host.attention_for(cfg, 4096) == "xla_chunked"
+  assert RunControl(platform="tpu").attention_for(cfg, 4096) == "mosaic|xla_chunked"
+  assert RunControl(platform="gpu").attention_for(cfg, 1, cached=True) == "xla"
+  assert RunControl(platform="tpu").resolved(cfg, 4096) == {
+      "attention": "mosaic|xla_chunked", "remat": "full", "scan_layers": True, "platform": "tpu"}
+  assert core.resolve_steps_per_iter(None, decoders.AR(), 64) == 1  # this CPU
+  assert core.resolve_steps_per_iter(None, decoders.AR(), 64, "gpu") == 4
+  with pytest.raises(ValueError, match="platform"):
+    RunControl(platform="cuda")
+
+
+def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
+  """One training step and two decode loops (one with a drafter) per target; every TPU
+  compile in this one process (libtpu allows one)."""
+  for target in ("h200", "tpu-v5e"):
+    rows, log = [], []
+    plan = compile_run.CompilePlan(target=target, shape="micro", objectives=("ar",),
+                                   decoders=("ar", "speculative"), batches=(2,), seq_len=256,
+                                   cache_len=128, new_tokens=16)
+    errors = compile_run.run(plan, rows.append, log.append)
+    assert errors == [], errors
+    env = {"device": targets.parse(target).device_kind, "backend": "gpu", "jax": "x",
+           "command": "test", "utc": ""}
+    for row in rows:
+      check({**env, **row})
+      assert row["compiled_only"] and row["target"] == target and row["defaults"]
+      assert row["uncosted_custom_calls"] == 0 and row["bytes_per_step"] > 0
+      assert 0 < row["memory"]["total"] < row["memory"]["capacity"]
+      assert sum(row["kernel_mix"].values()) >= row["kernels_per_step"]
+    by = {(r["program"], r.get("objective") or r["decoder"]): r for r in rows}
+    train, ar, spec = by["train", "ar"], by["decode", "ar"], by["decode", "speculative"]
+    assert set(by) == {("train", "ar"), ("decode", "ar"), ("prefill", "ar"),
+                       ("decode", "speculative")}
+    assert train["host_syncs_per_step"] == 0 and train["run_control"]["platform"] == (
+        "gpu" if target == "h200" else "tpu")
+    assert train["flops_per_step"] >= train["model_flops_per_step"] > 0
+    per = ar["run_control"]["steps_per_iter"]
+    assert per == 4  # an accelerator's, not this CPU's 1
+    # a GPU waits on the loop's predicate once per iteration; a TPU never
+    assert ar["host_syncs_per_step"] == (1 / per if target == "h200" else 0)
+    assert spec["kernels_per_drafter_forward"] > 0 and spec["kernels_per_target_forward"] > 0
+    assert ar["bytes_per_step"] >= 0.5 * ar["floor_bytes"]
+
+
+@pytest.mark.fast
+def test_calibration_pairs_programs_and_fits_kernels_and_bytes():
+  from paraflax.perf.compile import calibrate
+  base = {"kind": "compile", "device": "NVIDIA H200 141GB HBM3e", "jax": "x", "batch": 1,
+          "flops_per_step": 0.0}
+  compiled, measured = [], []
+  for i, (kernels_, gb) in enumerate([(500, 1.0), (2000, 1.2), (40000, 5.0), (3000, 20.0)]):
+    rc = {"attention": "xla_chunked", "remat": "full", "scan_layers": True, "platform": "gpu"}
+    compiled.append({**base, "program": "train", "objective": "ar", "seq_len": 512 * (i + 1),
+                     "run_control": rc, "kernels_per_step": kernels_, "bytes_per_step": gb * 1e9})
+    ms = 3e-3 * kernels_ + gb * 1e9 / 4e12 * 1e3  # 3 µs a kernel, 4 TB/s
+    measured.append({"kind": "train", "device": "NVIDIA H200", "jax": "y", "batch": 1,
+                     "objective": "ar", "seq_len": 512 * (i + 1), "step_s": ms / 1e3,
+                     **{k: rc[k] for k in ("attention", "remat", "scan_layers")}})
+  measured.append({**measured[0], "remat": "none", "step_s": 9.0})  # another program
+  pairs = calibrate.pairs(compiled, measured)
+  assert len(pairs) == 4 and all(p["ms"] != 9000 for p in pairs)
+  f = calibrate.fit(pairs)
+  assert f["a_us"] == pytest.approx(3.0) and f["bandwidth"] == pytest.approx(4e12)
+  assert all(abs(r["residual"]) < 1e-9 for r in f["rows"])
+  assert "3.00 µs x kernels" in calibrate.render(pairs)
+  with pytest.raises(ValueError, match="two pairs"):
+    calibrate.fit(pairs[:1])

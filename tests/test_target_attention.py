@@ -1,0 +1,174 @@
+"""Attention compiled for accelerator targets on this CPU host (deviceless, `perf/compile`):
+"auto" on a TPU for every prompt length and on a mesh (Mosaic kernels in a shard_map), and the
+explicit GPU kernels on a 2-GPU mesh. Only compiled, never run; each test that expects a
+kernel checks the compiled HLO calls it, so a fix that always falls back fails here.
+
+libtpu serves one process at a time: every TPU compile runs in this pytest process.
+"""
+
+import dataclasses
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, Mesh, SingleDeviceSharding
+
+import paraflax as pf
+from paraflax.model import attention
+from paraflax.model.run import RunControl
+from paraflax.parallel import sharding
+from paraflax.perf.compile import targets
+from paraflax.perf.shapes import model_config
+from paraflax.training.config.train import load_config
+from paraflax.training.objectives.protocol import objective
+from paraflax.training.run.dry_run import abstract_batch, abstract_state
+from paraflax.training.run.step import jit_train_step
+
+KERNEL_CALLS = {"mosaic": "tpu_custom_call", "cudnn": "__cudnn$fmha",
+                "triton": "__gpu$xla.gpu.triton"}  # in the compiled HLO text
+MAX_LEN = 2048  # above attention.DENSE_MAX_LEN: "auto" does not pick dense xla for the model
+
+
+@pytest.fixture(autouse=True)
+def _default_matmul_precision():
+  """The precision a bf16 run has: conftest's "highest" (for float32 exactness) makes Mosaic TPU
+  refuse splash attention's bf16 dots ("Bad lhs type"), and the library sets "highest" only
+  for float32 compute, where "auto" picks no kernel."""
+  with jax.default_matmul_precision("default"):
+    yield
+
+
+def _target(spec: str):
+  """(target, its abstract devices); skipped where the compile extra's plugin is missing."""
+  target = targets.parse(spec)
+  plugin = "libtpu" if target.platform == "tpu" else "jax_plugins.xla_cuda13"
+  if importlib.util.find_spec(plugin) is None:
+    pytest.skip(f"{spec}: needs {plugin} (pip install -e '.[compile]')")
+  return target, targets.devices(target)
+
+
+def _mesh(devs, shape) -> Mesh:
+  return Mesh(np.array(devs).reshape(shape), sharding.AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def _compile(target, fn, *args, mesh=None) -> str:
+  """The compiled HLO text of `jax.jit(fn)(*args)` for `target` (under `mesh`)."""
+  with targets.compiling_for(target), sharding.use_mesh(mesh):
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _abstract_model(platform: str, attention_: str = "auto"):
+  cfg = model_config("micro", "bfloat16", max_seq_len=MAX_LEN)
+  run = RunControl(platform=platform, attention=attention_)
+  return nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0), run=run))
+
+
+def _train_step_text(target, devs, mesh_shape, attention_: str = "auto") -> str:
+  """The real `jit_train_step` of a micro recipe (bf16, 8 rows of 128 tokens) on a mesh."""
+  cfg = load_config("micro_ar")
+  cfg = dataclasses.replace(
+      cfg, model=model_config("micro", "bfloat16", max_seq_len=MAX_LEN, vocab_size=320),
+      data=dataclasses.replace(cfg.data, seq_len=128, batch_size=8),
+      run=dataclasses.replace(cfg.run, platform=target.platform, attention=attention_))
+  mesh = _mesh(devs, mesh_shape)
+  graphdef, params, tx, opt_state = abstract_state(cfg, mesh)
+  batch = abstract_batch(cfg, mesh)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(mesh))
+  step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx, mesh,
+                        params, opt_state)
+  with targets.compiling_for(target):
+    return step.lower(params, opt_state, batch, key).compile().as_text()
+
+
+def _decode_text(target, devs, mesh_shape, decoder, prompt_len: int,
+                 attention_: str = "auto") -> str:
+  """`pf.generate_fn`'s loop (4 rows, 16 new tokens) with weights and rows on a mesh."""
+  model = _abstract_model(target.platform, attention_)
+  mesh = _mesh(devs, mesh_shape)
+  params = sharding.abstract_state(nnx.state(model), mesh)
+  fn = pf.generate_fn(model, decoder, max_new_tokens=16, eos_id=2)
+  on_rows = lambda shape: sharding.batch_sharding(shape, mesh)  # noqa: E731
+  prompts = jax.ShapeDtypeStruct((4, prompt_len), jnp.int32, sharding=on_rows((4, prompt_len)))
+  lengths = jax.ShapeDtypeStruct((4,), jnp.int32, sharding=on_rows((4,)))
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+  return _compile(target, fn, params, prompts, lengths, rng, mesh=mesh)
+
+
+def test_auto_runs_splash_attention_only_on_lengths_its_blocks_divide():
+  r, bf16 = attention.resolve, jnp.bfloat16
+  assert attention.KERNEL_BLOCK == 128
+  for rows in (8, 64, 136):  # padded prompts under 128 tokens; a TiDAR prefill (128 + 8)
+    assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows) == "xla_chunked"
+  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=256) == ("mosaic", "xla_chunked")
+  # over a cache: keys = slots + rows; a TiDAR k=8 step has 72 rows
+  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=72, cached=True, keys=1096) == "xla_chunked"
+  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=128, cached=True, keys=1000
+           ) == "xla_chunked"
+  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=128, cached=True, keys=1152
+           ) == ("mosaic", "xla_chunked")
+  assert r("mosaic", "tpu", bf16, rows=64) == "mosaic"  # an explicit value is taken as given
+
+
+def test_tpu_prefill_compiles_for_every_prompt_length():
+  """Cache-free calls (a prefill) of 8, 64 and 128 tokens, and calls over a cache: "auto"
+  compiles for every length and runs splash attention where its 128-blocks divide."""
+  target, (dev,) = _target("tpu-v5e")
+  graphdef, params = nnx.split(_abstract_model("tpu"))
+  on_dev = SingleDeviceSharding(dev)
+  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_dev), params)
+
+  def forward(params, tokens_BxT):
+    b, t = tokens_BxT.shape
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    return nnx.merge(graphdef, params)(tokens_BxT, positions,
+                                       pf.masks.causal(jnp.full((b,), t), t))[0]
+
+  for t in (8, 64, 128):
+    text = _compile(target, forward, params, jax.ShapeDtypeStruct((2, t), jnp.int32,
+                                                                  sharding=on_dev))
+    assert (KERNEL_CALLS["mosaic"] in text) == (t == 128), t
+
+  def over_cache(q, k, v, cache_k, cache_v):
+    t, s = q.shape[1], cache_k.shape[1]
+    mask = jnp.ones((q.shape[0], t, s + t), bool)
+    return attention.attend(q, k, v, mask, attention="auto", cache_kv=(cache_k, cache_v),
+                            max_len=MAX_LEN, backend="tpu")
+
+  for t, s in ((72, 1024), (128, 896)):  # a TiDAR k=8 step; 128 rows over 1024 keys
+    qkv = [jax.ShapeDtypeStruct((2, t, h, 8), jnp.bfloat16, sharding=on_dev) for h in (4, 2, 2)]
+    cache = [jax.ShapeDtypeStruct((2, s, 2, 8), jnp.bfloat16, sharding=on_dev)] * 2
+    text = _compile(target, over_cache, *qkv, *cache)
+    assert (KERNEL_CALLS["mosaic"] in text) == (t == 128), (t, s)
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 1), (1, 2, 2)], ids=["data_fsdp", "fsdp_tensor"])
+def test_tpu_training_step_compiles_on_a_mesh(mesh_shape):
+  target, devs = _target("tpu-v5e:2x2")
+  assert KERNEL_CALLS["mosaic"] in _train_step_text(target, devs, mesh_shape)
+
+
+def test_tpu_sharded_decoding_compiles():
+  """An AR loop whose 128-token prefill runs the kernel (heads over "tensor"), and a TiDAR
+  loop of 64-token prompts and 72-row steps (xla_chunked: no length the blocks divide)."""
+  target, devs = _target("tpu-v5e:2x2")
+  text = _decode_text(target, devs, (1, 2, 2), pf.decoders.AR(), 128)
+  assert KERNEL_CALLS["mosaic"] in text
+  text = _decode_text(target, devs, (2, 1, 2), pf.decoders.TiDAR(8), 64)
+  assert KERNEL_CALLS["mosaic"] not in text
+
+
+@pytest.mark.parametrize("program", ["train", "decode"])
+@pytest.mark.parametrize("kernel", ["cudnn", "triton"])
+def test_gpu_kernels_compile_sharded_on_two_gpus(kernel, program):
+  """The explicit GPU kernels (bf16) in a training step with heads over "tensor", and in a
+  decode loop with rows over "data", on two H100s."""
+  target, devs = _target("h100:2")
+  if program == "train":
+    text = _train_step_text(target, devs, (1, 1, 2), kernel)
+  else:
+    text = _decode_text(target, devs, (2, 1, 1), pf.decoders.AR(), 64, kernel)
+  assert KERNEL_CALLS[kernel] in text

@@ -53,6 +53,7 @@ FLAGS = {
     "target": (str, f"compile for: {', '.join(TARGETS)}, with a mesh after a colon "
                     "(tpu-v5e:2x4, h100:2)"),
     "hlo": (str, "a directory: write each program's optimised HLO text there"),
+    "steps_per_iter": (int, "decode steps per loop iteration (default: the target's, 4)"),
     "shape": (str, "model shape: qwen2.5-0.5b, qwen2.5-7b, demo-21m (family), micro"),
     "layers": (int, "n_layers instead of the shape's"),
     "dtype": (str, "compute dtype (slots: bfloat16, decode: float32, train: bfloat16 with "

@@ -89,6 +89,7 @@ def run(plan: DecodePlan, add, log) -> list[str]:
   import jax
   from flax import nnx
 
+  from paraflax.decoding.core import resolve_steps_per_iter
   from paraflax.decoding.generate import generate
   specs = [methods.spec(name) for name in plan.decoders]  # unknown names: before any work
   specs = [methods.METHODS["ar"]] + [m for m in specs if m.name != "ar"]
@@ -128,7 +129,9 @@ def run(plan: DecodePlan, add, log) -> list[str]:
         if plan.profile:
           from paraflax.perf.trace import profiled
           r["trace"] = profiled(call, Path(plan.profile), f"{m.name}_batch{b}")
-        row = add({**head, "decoder": m.name, "settings": m.describe(), "batch": b, **r,
+        per = resolve_steps_per_iter(None, m.make(), plan.new_tokens, model.run.backend())
+        row = add({**head, "decoder": m.name, "settings": m.describe(), "batch": b,
+                   "steps_per_iter": per, **r,
                    "speedup_vs_ar": r["tokens_per_s"] / ar["tokens_per_s"],
                    "exact_vs_ar": same_rows(ar["rows"], rows), "weight_bytes": weight_bytes,
                    "floor_ms": floor, "vs_floor": floor and r["ms_per_step"] / floor})

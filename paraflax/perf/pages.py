@@ -6,12 +6,12 @@
 
 holds the tables of that file's rows (of the kinds named after it; all when none), and
 
-    <!-- fit: h200-calibration.json ../gpu/h200-2026-11-26.json -->
+    <!-- fit: h200.json,h200-calibration.json ../gpu/h200-2026-11-26.json -->
     ...
     <!-- /fit -->
 
-the compile rows of the first file beside the measured rows of the same programs in the
-second, and the fit of milliseconds to kernels and bytes (`compile/calibrate.py`); files
+the compile rows of the first files (comma-separated) beside the measured rows of the same
+programs in the last, and the fit of milliseconds to kernels and bytes (`compile/calibrate.py`); files
 named relative to the page."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def update_page(text: str, folder: Path) -> str:
     return m.group(1) + "\n" + render(rows) + "\n" + m.group(5)
 
   def fit(m):
-    pairs = calibrate.pairs(read_rows(folder / m.group(2)), read_rows(folder / m.group(3)))
+    compiled = [r for name in m.group(2).split(",") for r in read_rows(folder / name)]
+    pairs = calibrate.pairs(compiled, read_rows(folder / m.group(3)))
     return m.group(1) + "\n" + calibrate.render(pairs) + "\n\n" + m.group(5)
   return FIT.sub(fit, REGION.sub(region, text))

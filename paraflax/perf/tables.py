@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from paraflax.devices import bandwidth, peak_flops
 from paraflax.perf.rows import KINDS
 from paraflax.perf.slots import cache_shares
 
@@ -20,6 +21,14 @@ def notes(r: dict) -> str:
   parts = [f"loop={r['loop']}"] if r.get("loop", "while") != "while" else []
   parts += [r["variant"]] if r.get("variant") else []
   return "; ".join(parts + [r.get("note") or r.get("xla_flags") or ""]).strip("; ")
+
+
+def bound_ms(r: dict) -> str:
+  """A compile row's FLOPs at the target's bf16 peak and bytes at its memory bandwidth, in
+  ms (`paraflax.devices`): what the step could take were it compute- or bandwidth-bound."""
+  peak, bw = peak_flops(r["device"]), bandwidth(r["device"])
+  return (f"{fmt(peak and 1e3 * r['flops_per_step'] / peak, '.2f')} / "
+          f"{fmt(bw and 1e3 * r['bytes_per_step'] / bw, '.2f')}")
 
 
 def mix_summary(r: dict) -> str:
@@ -71,6 +80,7 @@ COLUMNS = {
                 ("GB/step", lambda r: fmt(r["bytes_per_step"] / 1e9, ".3f")),
                 ("x floor", lambda r: fmt(r.get("bytes_per_floor"))),
                 ("TFLOP/step", lambda r: fmt(r["flops_per_step"] / 1e12, ".3f")),
+                ("ms at peak / bandwidth", bound_ms),
                 ("compile s", lambda r: fmt(r["compile_s"], ".0f"))],
     "stage": [("stage", lambda r: r["stage"]), ("steps", lambda r: r["steps"]),
               ("wall s", lambda r: f"{r['wall_s']:.1f}"),

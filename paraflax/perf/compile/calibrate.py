@@ -4,9 +4,10 @@ fit ms ~ a x kernels + bytes / bandwidth over them, with each program's residual
 
 A pair is a compile row (`kind: "compile"`) and a `perf train` or `perf decode` row of the
 same device kind and program: a training step of the same objective, batch, tokens and
-resolved run control (attention, remat, scanned layers); a decode step of the same decoder
-and batch whose cache is the compile row's (`prompt_len + new_tokens == cache_len`), measured
-with XLA's default flags.
+resolved run control (attention, remat, scanned layers); a decode step of the same decoder,
+batch and steps per loop iteration (a measured row without `steps_per_iter` ran one: it
+predates the setting) whose cache is the compile row's (`prompt_len + new_tokens ==
+cache_len`), measured with XLA's default flags in the compiled loop.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _matches(c: dict, m: dict) -> bool:
         rc.get(k) == m.get(k) for k in ("attention", "remat", "scan_layers"))
   if c["program"] == "decode" and m["kind"] == "decode":
     return (c["decoder"] == m["decoder"] and not m.get("xla_flags") and m.get("loop", "while")
-            == "while" and m.get("prompt_len", 0) + m.get("new_tokens", 0) == c["cache_len"])
+            == "while" and m.get("prompt_len", 0) + m.get("new_tokens", 0) == c["cache_len"]
+            and c["run_control"]["steps_per_iter"] == m.get("steps_per_iter", 1))
   return False
 
 

@@ -58,11 +58,6 @@ class Count:
       for k, v in theirs.items():
         mine[k] += times * v
 
-  def scaled(self, factor: float) -> Count:
-    out = Count()
-    out.add(self, factor)
-    return out
-
 
 class Program:
   """One optimised module's text, counted per computation (`count`)."""

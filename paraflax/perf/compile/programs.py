@@ -59,15 +59,16 @@ def abstract_model(cfg, run):
 
 
 def decode_loop(model, decoder, batch: int, prompt_len: int, new_tokens: int,
-                target: targets.Target, draft_model=None) -> Compiled:
+                steps_per_iter: int, target: targets.Target, draft_model=None) -> Compiled:
   """`pf.generate_fn`'s loop of `decoder` for `batch` rows of `prompt_len` prompt tokens and
-  `new_tokens` new ones, weights in the compute dtype, on the target's devices (rows split
-  over them)."""
+  `new_tokens` new ones, `steps_per_iter` steps per loop iteration, weights in the compute
+  dtype, on the target's devices (rows split over them)."""
   from flax import nnx
 
   from paraflax.decoding.core import generate_fn
   mesh = mesh_of(target, fsdp=False)
-  fn = generate_fn(model, decoder, new_tokens, eos_id=None, draft_model=draft_model)
+  fn = generate_fn(model, decoder, new_tokens, eos_id=None, draft_model=draft_model,
+                   steps_per_iter=steps_per_iter)
 
   def weights(m):
     return None if m is None else sharding.abstract_state(nnx.state(m), mesh)

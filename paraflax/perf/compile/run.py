@@ -36,6 +36,7 @@ class CompilePlan:
   seq_len: int = 4096
   cache_len: int = 2048
   new_tokens: int = 64
+  steps_per_iter: int | None = None  # decode steps per loop iteration (None: the target's)
   attention: str | None = None  # run control; None: "auto"
   remat: str | None = None
   scan_layers: bool | str | None = None
@@ -65,11 +66,11 @@ def measure(text: str, target: targets.Target, *, body: str | None = None, per: 
   else:
     cond = next(i.attribute("condition").lstrip("%") for i in program.comps[program.entry]
                 if i.op == "while" and i.attribute("body").lstrip("%") == body)
-    count = program.count(body)
-    count.add(program.count(cond))
-    count.syncs += target.platform == "gpu"  # the loop's predicate, once per iteration
-    count, c = count.scaled(1 / per), {k: (cost.of(body)[k] + cost.of(cond)[k]) / per
-                                       for k in ("bytes", "flops", "uncosted")}
+    count = kernels.Count()
+    for name in (body, cond):
+      count.add(program.count(name), 1 / per)
+    count.syncs += (target.platform == "gpu") / per  # the loop's predicate, every iteration
+    c = {k: (cost.of(body)[k] + cost.of(cond)[k]) / per for k in ("bytes", "flops", "uncosted")}
   return {"kernels_per_step": count.kernels, "kernel_mix": dict(count.mix.most_common()),
           "host_syncs_per_step": count.syncs, "bytes_per_step": c.get("bytes", 0.0),
           "flops_per_step": c.get("flops", 0.0),
@@ -139,16 +140,19 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
         decoder = m.make()
         draft = None if m.drafter is None else programs.abstract_model(
             drafter_config(m.drafter, cfg), run)
-        compiled = programs.decode_loop(model, decoder, b, prompt, plan.new_tokens, target, draft)
+        per = core.resolve_steps_per_iter(plan.steps_per_iter, decoder, plan.new_tokens,
+                                          target.platform)
+        compiled = programs.decode_loop(model, decoder, b, prompt, plan.new_tokens, per, target,
+                                        draft)
         save_hlo(plan, f"decode_{name}_batch{b}", compiled.text)
-        per = core.resolve_steps_per_iter(None, decoder, plan.new_tokens, target.platform)
         comps, entry = computations(compiled.text)
         slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
         body = loop_body(comps, entry, cache_shape(cfg, b, slots))
         loop = next(i.name for i in comps[entry] if i.op == "while"
                     and i.attribute("body").lstrip("%") == body)
         common = {**head, "decoder": name, "settings": m.describe(), "batch": b,
-                  "defaults": not run_control(plan), "memory": memory(compiled, target),
+                  "defaults": not run_control(plan) and plan.steps_per_iter is None,
+                  "memory": memory(compiled, target),
                   "compile_s": round(compiled.compile_s, 1)}
         step = measure(compiled.text, target, body=body, per=per)
         weights = _bytes(model, cfg) + (0 if draft is None else _bytes(draft, draft.cfg))

@@ -54,13 +54,14 @@ def pairs(compiled: list[dict], measured: list[dict]) -> list[dict]:
 
 
 def fit(rows: list[dict]) -> dict:
-  """Least squares ms ~ a x kernels + bytes / bandwidth over the pairs: `a_us` (microseconds
-  a kernel), `bandwidth` (bytes/s), each pair's `fit_ms` and `residual` (measured / fit - 1)."""
+  """Least squares ms ~ a x kernels + bytes / bandwidth over the pairs, in relative error (a
+  1.6 ms decode step weighs as much as a 320 ms training step): `a_us` (microseconds a
+  kernel), `bandwidth` (bytes/s), each pair's `fit_ms` and `residual` (measured / fit - 1)."""
   if len(rows) < 2:
     raise ValueError(f"a fit of two parameters needs two pairs or more, got {len(rows)}")
   x = np.array([[r["kernels"], r["bytes"]] for r in rows], float)
   y = np.array([r["ms"] for r in rows], float)
-  (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+  (a, b), *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
   pred = x @ np.array([a, b])
   return {"a_us": 1e3 * a, "bandwidth": None if b <= 0 else 1e3 / b,
           "rows": [{**r, "fit_ms": p, "residual": r["ms"] / p - 1} for r, p in zip(rows, pred)]}

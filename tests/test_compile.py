@@ -197,13 +197,13 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
 @pytest.mark.fast
 def test_calibration_pairs_programs_and_fits_kernels_and_bytes():
   from paraflax.perf.compile import calibrate
-  base = {"kind": "compile", "device": "NVIDIA H200 141GB HBM3e", "jax": "x", "batch": 1,
-          "flops_per_step": 0.0}
+  base = {"kind": "compile", "device": "NVIDIA H200 141GB HBM3e", "jax": "x", "batch": 1}
   compiled, measured = [], []
   for i, (kernels_, gb) in enumerate([(500, 1.0), (2000, 1.2), (40000, 5.0), (3000, 20.0)]):
     rc = {"attention": "xla_chunked", "remat": "full", "scan_layers": True, "platform": "gpu"}
     compiled.append({**base, "program": "train", "objective": "ar", "seq_len": 512 * (i + 1),
-                     "run_control": rc, "kernels_per_step": kernels_, "bytes_per_step": gb * 1e9})
+                     "run_control": rc, "kernels_per_step": kernels_, "bytes_per_step": gb * 1e9,
+                     "flops_per_step": 1e12 * (i % 2)})
     ms = 3e-3 * kernels_ + gb * 1e9 / 4e12 * 1e3  # 3 µs a kernel, 4 TB/s
     measured.append({"kind": "train", "device": "NVIDIA H200", "jax": "y", "batch": 1,
                      "objective": "ar", "seq_len": 512 * (i + 1), "step_s": ms / 1e3,
@@ -212,8 +212,10 @@ def test_calibration_pairs_programs_and_fits_kernels_and_bytes():
   pairs = calibrate.pairs(compiled, measured)
   assert len(pairs) == 4 and all(p["ms"] != 9000 for p in pairs)
   f = calibrate.fit(pairs)
-  assert f["a_us"] == pytest.approx(3.0) and f["bandwidth"] == pytest.approx(4e12)
+  assert f["coefficients"]["kernels"] == pytest.approx(3e-3)  # ms a kernel
+  assert 1e-9 / f["coefficients"]["bytes"] == pytest.approx(4.0)  # TB/s
   assert all(abs(r["residual"]) < 1e-9 for r in f["rows"])
-  assert "3.00 µs x kernels" in calibrate.render(pairs)
-  with pytest.raises(ValueError, match="two pairs"):
+  assert "ms = 3.00 µs x kernels + bytes / 4.00 TB/s (largest residual 0%)" in (
+      calibrate.render(pairs))
+  with pytest.raises(ValueError, match="2 pairs"):
     calibrate.fit(pairs[:1])

@@ -53,34 +53,57 @@ def pairs(compiled: list[dict], measured: list[dict]) -> list[dict]:
   return out
 
 
-def fit(rows: list[dict]) -> dict:
-  """Least squares ms ~ a x kernels + bytes / bandwidth over the pairs, in relative error (a
-  1.6 ms decode step weighs as much as a 320 ms training step): `a_us` (microseconds a
-  kernel), `bandwidth` (bytes/s), each pair's `fit_ms` and `residual` (measured / fit - 1)."""
-  if len(rows) < 2:
-    raise ValueError(f"a fit of two parameters needs two pairs or more, got {len(rows)}")
-  x = np.array([[r["kernels"], r["bytes"]] for r in rows], float)
+TERMS = {"kernels": "µs x kernels", "bytes": "bytes / {} TB/s", "flops": "FLOPs / {} TFLOP/s"}
+
+
+def fit(rows: list[dict], terms: tuple[str, ...] = ("kernels", "bytes")) -> dict:
+  """Least squares ms ~ a x kernels + bytes / bandwidth (+ FLOPs / rate, with "flops" in
+  `terms`) over the pairs, in relative error (a 1.6 ms decode step weighs as much as a
+  320 ms training step): `coefficients` (ms per kernel, byte, FLOP), each pair's `fit_ms`
+  and `residual` (measured / fit - 1)."""
+  if len(rows) < len(terms):
+    raise ValueError(f"a fit of {len(terms)} parameters needs {len(terms)} pairs or more, "
+                     f"got {len(rows)}")
+  x = np.array([[r[t] for t in terms] for r in rows], float)
   y = np.array([r["ms"] for r in rows], float)
-  (a, b), *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
-  pred = x @ np.array([a, b])
-  return {"a_us": 1e3 * a, "bandwidth": None if b <= 0 else 1e3 / b,
+  coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+  pred = x @ coef
+  return {"coefficients": dict(zip(terms, coef.tolist())),
           "rows": [{**r, "fit_ms": p, "residual": r["ms"] / p - 1} for r, p in zip(rows, pred)]}
 
 
+def describe(f: dict) -> str:
+  """The fitted model in words: "ms = 2.26 µs x kernels + bytes / 5.56 TB/s"."""
+  parts = []
+  for term, c in f["coefficients"].items():
+    if term == "kernels":
+      parts.append(f"{1e3 * c:.2f} µs x kernels")
+    else:
+      rate = "-" if c <= 0 else f"{1e-9 / c:.2f}"  # per ms -> TB/s, TFLOP/s
+      parts.append(TERMS[term].format(rate))
+  return "ms = " + " + ".join(parts)
+
+
 def render(rows: list[dict]) -> str:
-  """The pairs and the fit, as markdown."""
-  f = fit(rows)
-  bw = "-" if f["bandwidth"] is None else f"{f['bandwidth'] / 1e12:.2f} TB/s"
+  """The pairs, the fit of kernels and bytes (the issue's model) and the fit with FLOPs added,
+  as markdown."""
+  two, three = fit(rows), fit(rows, ("kernels", "bytes", "flops"))
   columns = [("program", lambda r: f"{r['program']} {r['name']}"), ("batch", lambda r: r["batch"]),
              ("tokens", lambda r: r["tokens"]),
              ("run control", lambda r: ", ".join(str(r["run_control"].get(k)) for k in (
                  "attention", "remat", "scan_layers", "steps_per_iter") if k in r["run_control"])),
              ("kernels", lambda r: f"{r['kernels']:,.0f}"),
              ("GB", lambda r: f"{r['bytes'] / 1e9:.3f}"),
+             ("TFLOP", lambda r: f"{r['flops'] / 1e12:.3f}"),
              ("measured ms", lambda r: fmt(r["ms"], ".3f")),
-             ("fit ms", lambda r: fmt(r["fit_ms"], ".3f")),
-             ("residual", lambda r: f"{100 * r['residual']:+.0f}%")]
-  worst = max(abs(r["residual"]) for r in f["rows"])
-  return "\n".join([*table(columns, f["rows"]), "",
-                    f"Fit over {len(rows)} programs: ms = {f['a_us']:.2f} µs x kernels + bytes / "
-                    f"{bw}; the largest residual is {100 * worst:.0f}%."])
+             ("fit ms (residual)", lambda r: f"{r['fit_ms']:.3f} ({100 * r['residual']:+.0f}%)"),
+             ("with FLOPs", lambda r: f"{r['with_flops']:.3f} ({100 * r['residual_3']:+.0f}%)")]
+  merged = [{**a, "with_flops": b["fit_ms"], "residual_3": b["residual"]}
+            for a, b in zip(two["rows"], three["rows"])]
+
+  def worst(f):
+    return 100 * max(abs(r["residual"]) for r in f["rows"])
+  return "\n".join([*table(columns, merged), "",
+                    f"Fit over {len(rows)} programs: {describe(two)} (largest residual "
+                    f"{worst(two):.0f}%); with FLOPs: {describe(three)} (largest residual "
+                    f"{worst(three):.0f}%)."])

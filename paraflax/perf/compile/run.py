@@ -86,8 +86,11 @@ def memory(compiled: programs.Compiled, target: targets.Target) -> dict:
 
 
 def save_hlo(plan: CompilePlan, name: str, text: str) -> None:
+  """`text` as `<target>_<name>[_<run control given>].hlo.txt` under `plan.hlo`, if given."""
   if plan.hlo:
-    path = Path(plan.hlo) / f"{plan.target.replace(':', '_')}_{name}.hlo.txt"
+    given = "-".join(str(v) for v in run_control(plan).values())
+    path = Path(plan.hlo) / (f"{plan.target.replace(':', '_')}_{name}"
+                             f"{'_' + given if given else ''}.hlo.txt")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 
@@ -104,7 +107,7 @@ def train_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log, 
       cfg = apply_overrides(recipe(name, train_plan, plan.seq_len),
                             {"run.platform": target.platform})
       compiled = programs.train_step(cfg, target)
-      save_hlo(plan, f"train_{name}", compiled.text)
+      save_hlo(plan, f"train_{name}_{plan.batch}x{plan.seq_len}", compiled.text)
       row = {**head, "program": "train", "objective": name, "batch": plan.batch,
              "seq_len": plan.seq_len, "defaults": not run_control(plan),
              "run_control": resolved(cfg),
@@ -144,7 +147,7 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                                           target.platform)
         compiled = programs.decode_loop(model, decoder, b, prompt, plan.new_tokens, per, target,
                                         draft)
-        save_hlo(plan, f"decode_{name}_batch{b}", compiled.text)
+        save_hlo(plan, f"decode_{name}_{b}x{plan.cache_len}_{per}steps", compiled.text)
         comps, entry = computations(compiled.text)
         slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
         body = loop_body(comps, entry, cache_shape(cfg, b, slots))

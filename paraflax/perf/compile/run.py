@@ -6,8 +6,9 @@ target's memory, bytes and FLOPs per step, the compile time (`rows.REQUIRED["com
 A training step is `perf train`'s recipe at the shape (compute `dtype`, float32 parameters),
 `batch` x `seq_len` tokens, FSDP over the target's chips. A decode row is one step of the
 compiled `while` loop (its body and condition over its steps per iteration) for `batch` rows
-over a `cache_len`-slot cache (prompt `cache_len - new_tokens`); its prefill row is the rest of
-the same program (everything outside the loop). The run control is "auto" unless given, and
+over a `cache_len`-slot cache (prompt `cache_len - new_tokens`), rows split over the chips;
+its prefill row is the rest of the same program (everything outside the loop). On a mesh,
+kernels, bytes, FLOPs, memory and the floor are one device's (the partitioned program). The run control is "auto" unless given, and
 resolves for the target's platform (`RunControl.platform`), never this host's.
 """
 
@@ -150,7 +151,8 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
         save_hlo(plan, f"decode_{name}_{b}x{plan.cache_len}_{per}steps", compiled.text)
         comps, entry = computations(compiled.text)
         slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
-        body = loop_body(comps, entry, cache_shape(cfg, b, slots))
+        local = b // target.chips if b % target.chips == 0 else b  # rows split over the chips
+        body = loop_body(comps, entry, cache_shape(cfg, local, slots))
         loop = next(i.name for i in comps[entry] if i.op == "while"
                     and i.attribute("body").lstrip("%") == body)
         common = {**head, "decoder": name, "settings": m.describe(), "batch": b,
@@ -159,8 +161,8 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                   "compile_s": round(compiled.compile_s, 1)}
         step = measure(compiled.text, target, body=body, per=per)
         weights = _bytes(model, cfg) + (0 if draft is None else _bytes(draft, draft.cfg))
-        kv = _cache_bytes(cfg, b, plan.cache_len) + (
-            0 if draft is None else _cache_bytes(draft.cfg, b, plan.cache_len))
+        kv = _cache_bytes(cfg, local, plan.cache_len) + (  # one device's rows
+            0 if draft is None else _cache_bytes(draft.cfg, local, plan.cache_len))
         scopes = step.pop("kernels_by_scope", {})
         forwards = {"kernels_per_target_forward": scopes.get("target", step["kernels_per_step"]),
                     **({"kernels_per_drafter_forward": scopes.get("drafter", 0.0)}

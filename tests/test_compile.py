@@ -3,6 +3,8 @@ whose counts are known, targets and run control resolved per target, and a micro
 training step and decode loop compiled for a GPU and a TPU target (deviceless, on this CPU)."""
 
 
+import dataclasses
+
 import pytest
 
 from paraflax import decoders
@@ -219,3 +221,20 @@ def test_calibration_pairs_programs_and_fits_kernels_and_bytes():
       calibrate.render(pairs))
   with pytest.raises(ValueError, match="2 pairs"):
     calibrate.fit(pairs[:1])
+
+
+def test_micro_programs_compile_on_a_tpu_mesh():
+  """FSDP training and a decode loop with its rows split over four v5e chips: every figure one
+  device's (the decode loop's cache holds one chip's row)."""
+  rows, log = [], []
+  plan = compile_run.CompilePlan(target="tpu-v5e:2x2", shape="micro", objectives=("ar",),
+                                 decoders=("ar",), batches=(4,), seq_len=256, cache_len=128,
+                                 new_tokens=16)
+  assert compile_run.run(plan, rows.append, log.append) == []
+  by = {r["program"]: r for r in rows}
+  assert set(by) == {"train", "decode", "prefill"}
+  assert by["train"]["host_syncs_per_step"] == 0 and by["decode"]["host_syncs_per_step"] == 0
+  one = []  # one chip, one row: the same floor as each chip of the mesh
+  compile_run.run(dataclasses.replace(plan, target="tpu-v5e", objectives=(), batches=(1,)),
+                  one.append, log.append)
+  assert by["decode"]["floor_bytes"] == one[0]["floor_bytes"]

@@ -75,7 +75,7 @@ def cache_shape(cfg, batch: int, slots: int) -> str:
           f"{cfg.dim_per_head}]")
 
 
-def _bytes_at(tree, dtype) -> int:
+def bytes_at(tree, dtype) -> int:
   """Bytes of a pytree's arrays, floating ones counted at `dtype`'s width."""
   def nbytes(x):
     return math.prod(x.shape) * jnp.dtype(
@@ -83,7 +83,8 @@ def _bytes_at(tree, dtype) -> int:
   return sum(map(nbytes, jax.tree.leaves(tree)))
 
 
-def _cache_bytes(cfg, batch: int, slots: int) -> int:
+def cache_bytes(cfg, batch: int, slots: int) -> int:
+  """Bytes of K and V of `slots` cache slots for `batch` rows, in the compute dtype."""
   return (2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * cfg.dim_per_head
           * jnp.dtype(cfg.compute_dtype).itemsize)
 
@@ -125,12 +126,12 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
   body = loop_body(comps, entry, cache_shape(cfg, batch, slots))
   cost, ops = _analyse(text, comps, body)
   cost = {k: v / unroll for k, v in cost.items()}
-  weight_bytes = _bytes_at(fwd.params, cfg.compute_dtype)
-  cache_bytes = _cache_bytes(cfg, batch, cache_len)
+  weight_bytes = bytes_at(fwd.params, cfg.compute_dtype)
+  kv_bytes = cache_bytes(cfg, batch, cache_len)
   if draft is not None:
-    weight_bytes += _bytes_at(draft.params, draft_cfg.compute_dtype)
-    cache_bytes += _cache_bytes(draft_cfg, batch, cache_len)
-  floor = weight_bytes + cache_bytes
+    weight_bytes += bytes_at(draft.params, draft_cfg.compute_dtype)
+    kv_bytes += cache_bytes(draft_cfg, batch, cache_len)
+  floor = weight_bytes + kv_bytes
   return {
       "decoder": type(decoder).__name__, "batch": batch, "cache_len": cache_len,
       "dtype": cfg.dtype, "param_dtype": cfg.param_dtype, "backend": jax.default_backend(),
@@ -138,5 +139,5 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
       "transcendentals": cost["transcendentals"],
       "ops": sum(ops.values()) / unroll,
       "ops_by_kind": {k: v / unroll for k, v in ops.most_common()}, "steps_per_iter": unroll,
-      "weight_bytes": weight_bytes, "cache_bytes": cache_bytes, "floor_bytes": floor,
+      "weight_bytes": weight_bytes, "cache_bytes": kv_bytes, "floor_bytes": floor,
       "bytes_per_floor": cost["bytes accessed"] / floor, "compile_s": round(compile_s, 2)}

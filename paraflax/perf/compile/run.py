@@ -128,7 +128,9 @@ def train_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log, 
 
 def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log, errors):
   from paraflax.decoding import core
-  from paraflax.decoding.cost import cache_shape, loop_body
+  from flax import nnx
+
+  from paraflax.decoding.cost import bytes_at, cache_bytes, cache_shape, loop_body
   from paraflax.hlo import computations
   from paraflax.model.run import RunControl
   from paraflax.perf.decode import drafter_config
@@ -160,9 +162,10 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                   "memory": memory(compiled, target),
                   "compile_s": round(compiled.compile_s, 1)}
         step = measure(compiled.text, target, body=body, per=per)
-        weights = _bytes(model, cfg) + (0 if draft is None else _bytes(draft, draft.cfg))
-        kv = _cache_bytes(cfg, local, plan.cache_len) + (  # one device's rows
-            0 if draft is None else _cache_bytes(draft.cfg, local, plan.cache_len))
+        weights = bytes_at(nnx.state(model), cfg.compute_dtype) + (
+            0 if draft is None else bytes_at(nnx.state(draft), draft.cfg.compute_dtype))
+        kv = cache_bytes(cfg, local, plan.cache_len) + (  # one device's rows
+            0 if draft is None else cache_bytes(draft.cfg, local, plan.cache_len))
         scopes = step.pop("kernels_by_scope", {})
         forwards = {"kernels_per_target_forward": scopes.get("target", step["kernels_per_step"]),
                     **({"kernels_per_drafter_forward": scopes.get("drafter", 0.0)}
@@ -186,25 +189,6 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
           f"{step['kernels_per_step']:,.0f} kernels/step, {step['host_syncs_per_step']:g} host "
           f"syncs/step, {step['bytes_per_step'] / (weights + kv):.2f}x floor bytes, "
           f"{compiled.compile_s:.0f} s")
-
-
-def _bytes(model, cfg) -> int:
-  """The model's floating weights in the compute dtype (what a step reads)."""
-  import math
-
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-  size = jnp.dtype(cfg.compute_dtype).itemsize
-  return sum(math.prod(x.shape) * (size if jnp.issubdtype(x.dtype, jnp.floating)
-                                   else x.dtype.itemsize)
-             for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
-def _cache_bytes(cfg, batch: int, slots: int) -> int:
-  import jax.numpy as jnp
-  return (2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * cfg.dim_per_head
-          * jnp.dtype(cfg.compute_dtype).itemsize)
 
 
 def run(plan: CompilePlan, add, log) -> list[str]:

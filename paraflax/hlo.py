@@ -24,6 +24,7 @@ _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) "
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CALLED = re.compile(r"(?:calls|body|to_apply|condition|true_computation|false_computation)="
                      r"%?([\w.\-]+)")
+_NAME = re.compile(r"%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 
 
@@ -42,6 +43,18 @@ class Instruction:
     if branches:
       names += [b.strip().lstrip("%") for b in branches.group(1).split(",")]
     return names
+
+  @property
+  def operands(self) -> list[str]:
+    """Its operands' names (the text inside its opcode's parentheses)."""
+    depth = 0
+    for i, ch in enumerate(self.rest):
+      depth += ch in "({["
+      if ch in ")}]":
+        if depth == 0:
+          return _NAME.findall(self.rest[:i])
+        depth -= 1
+    return _NAME.findall(self.rest)
 
   @property
   def trip_count(self) -> int | None:
@@ -113,7 +126,7 @@ def trip_count(comps: dict[str, list[Instruction]], caller: str, loop: Instructi
   root = cond[-1] if cond else None
   if root is None or root.op != "compare" or root.attribute("direction") != "LT":
     return None
-  a, b = (named.get(o) for o in re.findall(r"%([\w.\-]+)", root.rest.split(")")[0])[:2])
+  a, b = (named.get(o) for o in root.operands[:2])
   if a is None or b is None or a.op != "get-tuple-element" or b.op != "constant":
     return None
   start = _tuple_operand(comps[caller], loop, int(a.attribute("index")))
@@ -125,13 +138,13 @@ def trip_count(comps: dict[str, list[Instruction]], caller: str, loop: Instructi
 def _tuple_operand(comp: list[Instruction], loop: Instruction, index: int) -> Instruction | None:
   """The instruction that makes element `index` of a while's initial tuple."""
   named = {i.name: i for i in comp}
-  init = named.get(re.findall(r"%([\w.\-]+)", loop.rest)[0])
+  init = named.get(loop.operands[0])
   if init is None or init.op != "tuple":
     return None
-  operands = re.findall(r"%([\w.\-]+)", init.rest.split(")")[0])
+  operands = init.operands
   out = named.get(operands[index]) if index < len(operands) else None
   while out is not None and out.op in ("copy", "bitcast"):  # a constant, copied
-    out = named.get(re.findall(r"%([\w.\-]+)", out.rest)[0])
+    out = named.get(out.operands[0])
   return out
 
 

@@ -118,7 +118,7 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
 
   def call(q, k, v, mask):
-    return _tokamax().dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
+    return tokamax_module().dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
 
   kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
   mesh = sharding.context_mesh() if kernel else None
@@ -138,7 +138,7 @@ def _shard_mapped(call, mesh, k_shape):
                        check_vma=False)
 
 
-def _tokamax():
+def tokamax_module():
   """tokamax, imported on first use. Its options are absl flags that it parses from sys.argv
   on first read, which fails on any other program's arguments (pytest's, paraflax's own):
   unless the program parsed its absl flags already, take their defaults."""

@@ -41,18 +41,6 @@ def nbytes(shape: str) -> float:
   return sum(DTYPE_BYTES[t] * math.prod(d) for t, d in arrays(shape))
 
 
-def operands(ins: hlo.Instruction) -> list[str]:
-  """The operand names of an instruction (the text inside its opcode's parentheses)."""
-  depth = 0
-  for i, ch in enumerate(ins.rest):
-    depth += ch in "({["
-    if ch in ")}]":
-      if depth == 0:
-        return re.findall(r"%([\w.\-]+)", ins.rest[:i])
-      depth -= 1
-  return re.findall(r"%([\w.\-]+)", ins.rest)
-
-
 class Costs:
   """Bytes, FLOPs and uncosted custom calls per run of a computation of `program`."""
 
@@ -107,7 +95,7 @@ class Costs:
       if flops is None:
         out["uncosted"] += 1
         flops = 0.0
-      out["bytes"] += sum(nbytes(shapes.get(o, "")) for o in operands(call)) + nbytes(call.shape)
+      out["bytes"] += sum(nbytes(shapes.get(o, "")) for o in call.operands) + nbytes(call.shape)
       out["flops"] += flops
     return out
 
@@ -118,7 +106,7 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   shapes do not say."""
   from paraflax.perf.compile.kernels import custom_call_class
   kind = custom_call_class(ins)
-  ops = [arrays(shapes.get(o, "")) for o in operands(ins)]
+  ops = [arrays(shapes.get(o, "")) for o in ins.operands]
   if kind == "gemm":
     config = ins.attribute("backend_config") or ""
     contracting = re.search(r'lhs_contracting_dimensions\\?"\s*:\s*\[([^\]]*)\]', config)

@@ -128,6 +128,6 @@ def compiling_for(target: Target):
   host's devices (`tokamax.config.cross_compile`)."""
   import jax
 
-  from paraflax.model.attention import _tokamax
-  with jax.default_device(devices(target)[0]), _tokamax().config.cross_compile(True):
+  from paraflax.model.attention import tokamax_module
+  with jax.default_device(devices(target)[0]), tokamax_module().config.cross_compile(True):
     yield

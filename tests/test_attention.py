@@ -174,10 +174,13 @@ def test_auto_rule():
   assert r("auto", "cpu", f32, max_len=4096, rows=16) == "xla_chunked"  # prefill: no cache
   assert r("auto", "cpu", bf16, max_len=4096, rows=4096) == "xla_chunked"
   assert r("auto", "cpu", f32, max_len=512, rows=512) == "xla"  # a small model stays dense
+  assert r("auto", "gpu", f32, max_len=512, rows=512) == "xla"  # in float32 anywhere
+  assert r("auto", "gpu", bf16, max_len=512, rows=512) == "cudnn"  # not at 16 bits
   assert r("auto", "gpu", f32, max_len=4096, rows=4096) == "xla_chunked"  # float32 exactness
   assert r("auto", "tpu", f32, max_len=4096, rows=4096) == "xla_chunked"
-  # GPU: xla_chunked until a GPU run verifies a tokamax kernel (docs/kernels.md)
-  assert r("auto", "gpu", bf16, max_len=4096, rows=4096) == "xla_chunked"
+  # 16-bit compute on an accelerator: its fused kernel (docs/kernels.md)
+  assert r("auto", "gpu", bf16, max_len=4096, rows=4096) == "cudnn"
+  assert r("auto", "gpu", bf16, max_len=4096, rows=72, cached=True) == "cudnn"  # wide step
   assert r("auto", "tpu", bf16, max_len=4096, rows=4096) == ("mosaic", "xla_chunked")
   assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
   for name in ("xla", "xla_chunked"):  # explicit values are taken as given

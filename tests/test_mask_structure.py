@@ -33,6 +33,8 @@ def _random_cases(x: dict, t: int, s: int):
   lengths, cache, kinds, blocks, valid = (x[k] for k in ("lengths", "cache", "kinds", "blocks",
                                                          "valid"))
   yield "causal", ms.causal(lengths, t), masks.causal(lengths, t)
+  b = lengths.shape[0]
+  yield "causal full", ms.full_causal(b, t), masks.causal(jnp.full((b,), t), t)
   yield "block_causal", ms.block_causal(blocks), masks.block_causal(blocks)
   yield ("over_cache", ms.over_cache(cache, s, ms.block_causal(blocks)),
          masks.over_cache(cache, s, masks.block_causal(blocks)))

@@ -1,21 +1,25 @@
 """Masked attention: one function with pluggable implementations behind the explicit mask.
 
 `attend(q, k, v, mask, attention=..., cache_kv=...)`: queries `[B, T, H, D]` attend the
-keys [cache slots S | chunk tokens] under the bool mask `[B, T, S+T]` (query may attend key),
-grouped-query: H = G * Hkv, query head h reads kv head h // G. The `attention` setting
-(`RunControl.attention`, checked there) names an implementation:
+keys [cache slots S | chunk tokens] under the mask `[B, T, S+T]` (query may attend key),
+grouped-query: H = G * Hkv, query head h reads kv head h // G. The mask is a bool array or
+a `mask_structure.Structured` (fields and a rule): a kernel takes a causal structure as its
+own causal mask (`kernel_mask`: it skips the blocks above the diagonal), any other as the
+dense bool mask. The `attention` setting (`RunControl.attention`, checked there) names an
+implementation:
 
   xla          dense einsum scores `[B, Hkv, G, T, S+T]` float32; the reference. The cache is
                read in place (no concatenation); memory quadratic in length.
   xla_chunked  tokamax's chunked XLA attention (online softmax over key chunks of 1024 and
                query chunks of 512, each chunk rematerialised): every backend, memory linear.
   mosaic       tokamax Pallas kernels: TPU splash attention / Mosaic GPU (sm90+). Splash
-               attention tiles queries and keys in blocks of `KERNEL_BLOCK` (128) and refuses
-               other lengths (a ValueError), so "auto" picks it only for lengths it divides.
+               attention tiles queries and keys in blocks of `KERNEL_BLOCK` (128): other
+               lengths are padded to its multiple (`_padded`; padding keys are never seen).
   triton       tokamax Pallas Triton flash attention (GPU).
-  cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU).
-  auto         `resolve`: static in (backend, compute dtype, max_seq_len), plus decode and
-               block rules; what it picks per backend, and where that was verified:
+  cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
+               mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel).
+  auto         `resolve`: static in (backend, compute dtype, max_seq_len) plus the decode
+               rule; what it picks per backend, and where a device verified it:
                docs/kernels.md.
 
 Under a mesh (`sharding.use_mesh` / `traced_on`, more than one device) the kernels run in a
@@ -26,13 +30,8 @@ rest replicated; xla and xla_chunked are partitioned by XLA itself.
 xla and xla_chunked honour `jax_default_matmul_precision` (float32 exactness); the
 accelerator kernels do not promise to, so "auto" never picks them for float32 compute.
 A query row whose mask is all False (padding; its output is ignored) gets the mean of all
-values (uniform weights) on xla and xla_chunked alike: finite, never NaN.
-
-A mask in structured form (`mask_structure.Structured`) runs `blockwise`, whatever the
-setting: tiles of `BLOCK` queries x `BLOCK` keys with an online softmax, the mask of each tile
-evaluated from the tokens' fields (never `[T, K]`), and the tiles its layout marks empty
-skipped, forward and backward. It is the plain-JAX reference of what a fused kernel given the
-structure skips; an all-False row gives zeros there.
+values (uniform weights) on every implementation: finite, never NaN (cuDNN's bias and
+splash attention's mask value are the float32 minimum, as here).
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from paraflax.model.mask_structure import EMPTY, Structured
+from paraflax.model import mask_structure
+from paraflax.model.mask_structure import Structured
 from paraflax.parallel import sharding
 
 IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")
@@ -51,29 +51,24 @@ ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (docs/scaling.md, Attention; at model level
 # `paraflax perf slots` / `perf train --attention xla|xla_chunked` measure the same choice):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
-DENSE_MAX_LEN = 1024  # models with max_seq_len up to this run dense xla (small, faster)
-BLOCK = 128  # queries and keys per tile of `blockwise`
+DENSE_MAX_LEN = 1024  # on CPU / float32, models with max_seq_len up to this run dense xla
 KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
 
 def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
-            rows: int = 0, cached: bool = False, keys: int | None = None
-            ) -> str | tuple[str, ...]:
+            rows: int = 0, cached: bool = False) -> str | tuple[str, ...]:
   """The implementation the `attention` setting stands for: static (backend, dtype, the
-  model's `max_len`; query `rows`, whether there is a cache and the key length `keys`, cache
-  slots + rows (None: `rows`, a cache-free call), for the decode and block rules).
+  model's `max_len`; query `rows` and whether there is a cache, for the decode rule).
 
   "auto", in order: (1) decode rule: a call over a cache with <= `DECODE_ROWS` query rows
   runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
-  (2) a model with max_seq_len <= `DENSE_MAX_LEN` runs "xla"; (3) on CPU or with float32
-  compute "xla_chunked" (float32 exactness, DESIGN invariant 1, needs a path that honours
-  the matmul precision); (4) with 16-bit compute, on TPU "mosaic" when `KERNEL_BLOCK`
-  divides both `rows` and `keys` (splash attention's blocks; a prompt padded to 64 tokens
-  or a 72-row TiDAR step runs "xla_chunked"), falling back to "xla_chunked" for a shape the
-  kernel declines; on GPU "xla_chunked" until a GPU run verifies a tokamax kernel with the
-  supported versions (docs/kernels.md).
+  (2) on CPU or with float32 compute (float32 exactness, DESIGN invariant 1, needs a path
+  that honours the matmul precision) "xla" for a model with max_seq_len <= `DENSE_MAX_LEN`,
+  else "xla_chunked"; (3) with 16-bit compute, on GPU "cudnn" (cuDNN's fused flash
+  attention, forward and backward one kernel each), on TPU "mosaic" (splash attention, its
+  blocks padded), falling back to "xla_chunked" for a shape the kernel declines.
   So one `generate` call runs one implementation for its prefill and every step wider than
   `DECODE_ROWS`, and dense xla for steps up to that width.
   """
@@ -84,57 +79,101 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
       raise ValueError(f"attention={attention!r} needs a GPU or TPU; this backend is cpu "
                        "(use 'auto', 'xla' or 'xla_chunked')")
     return attention
-  if (cached and rows <= DECODE_ROWS) or (max_len is not None and max_len <= DENSE_MAX_LEN):
+  if cached and rows <= DECODE_ROWS:
     return "xla"
-  if backend != "tpu" or jnp.dtype(dtype) == jnp.float32:
-    return "xla_chunked"
-  blocks = rows % KERNEL_BLOCK == 0 and (rows if keys is None else keys) % KERNEL_BLOCK == 0
-  return ("mosaic", "xla_chunked") if blocks else "xla_chunked"
+  if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
+    return "xla" if max_len is not None and max_len <= DENSE_MAX_LEN else "xla_chunked"
+  return "cudnn" if backend == "gpu" else ("mosaic", "xla_chunked")
 
 
 def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla",
            cache_kv=None, max_len: int | None = None, backend: str | None = None):
   """Masked attention `[B, T, H, D]` over keys [cache slots | chunk]: k, v `[B, T', Hkv, D]`
   (T' = T, or fewer for two-stream calls), `cache_kv` None or (k, v) `[B, S, Hkv, D]` (cast
-  to q's dtype), mask `[B, T, S+T']`. `attention`, `max_len` and `backend` (the platform to
-  resolve for; None: the default backend): see `resolve`. A kernel under a mesh runs in a
-  shard_map (`_shard_mapped`)."""
+  to q's dtype), mask `[B, T, S+T']` (bool or `Structured`). `attention`, `max_len` and
+  `backend` (the platform to resolve for; None: the default backend): see `resolve`. A
+  kernel under a mesh runs in a shard_map (`_shard_mapped`)."""
   q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
   s = 0 if cache_kv is None else cache_kv[0].shape[1]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
-  if isinstance(mask_BxTxS, Structured):
-    k, v = k_BxTxKxD, v_BxTxKxD
-    if s:
-      k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
-      v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
-    return blockwise(q_BxTxHxD, k, v, mask_BxTxS)
   impl = resolve(attention, backend or jax.default_backend(), dt, max_len=max_len, rows=t,
-                 cached=cache_kv is not None, keys=s + k_BxTxKxD.shape[1])
-  if impl == "xla":
-    return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv)
+                 cached=cache_kv is not None)
+  kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
+  if impl == "xla" or not kernel:
+    mask = _dense_mask(mask_BxTxS)
+    if impl == "xla":
+      return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask, cache_kv)
+    causal, arrays = False, {"mask": mask}
+  else:
+    causal, arrays = kernel_mask(mask_BxTxS, lengths="mosaic" not in kernel)
   k, v = k_BxTxKxD, v_BxTxKxD
   if s:  # the kernels take one key array: copy the cache in front of the chunk
     k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
+  if "mask" in arrays:
+    arrays["mask"] = jnp.broadcast_to(arrays["mask"], (*q_BxTxHxD.shape[:2], k.shape[1]))
+  block = KERNEL_BLOCK if "mosaic" in kernel else 1
 
-  def call(q, k, v, mask):
-    return tokamax_module().dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
+  def call(q, k, v, arrays):
+    q, k, v, arrays = _padded(q, k, v, causal, arrays, block)
+    if "mask" in arrays:
+      arrays = {**arrays, "mask": arrays["mask"][:, None]}  # [B, 1, T, K]: every head alike
+    out = tokamax_module().dot_product_attention(q, k, v, is_causal=causal,
+                                                 implementation=impl, **arrays)
+    return out[:, :t]
 
-  kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
   mesh = sharding.context_mesh() if kernel else None
   if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
-    call = _shard_mapped(call, mesh, k.shape)
-    mask_BxTxS = jnp.broadcast_to(mask_BxTxS, (*q_BxTxHxD.shape[:2], k.shape[1]))
-  return call(q_BxTxHxD, k, v, mask_BxTxS)
+    call = _shard_mapped(call, mesh, k.shape, arrays)
+  return call(q_BxTxHxD, k, v, arrays)
 
 
-def _shard_mapped(call, mesh, k_shape):
-  """`call(q, k, v, mask)` in a `jax.shard_map` over `mesh`: each device runs the kernel on
-  its rows (batch over the batch axes) and heads ("tensor" when it divides the kv heads; the
-  q heads then split alike, so q head h stays with kv head h // G), the rest replicated."""
+def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:
+  """(is_causal, the mask's arrays) as a kernel takes them: a causal `Structured` as its
+  causal mask (with `key_value_seq_lengths` for rows with padding keys, where the kernel
+  takes `lengths`; splash attention does not), anything else as the dense `mask`."""
+  if isinstance(mask, Structured) and mask.rule is mask_structure.full_causal_rule:
+    return True, {}
+  if lengths and isinstance(mask, Structured) and mask.rule is mask_structure.causal_rule:
+    return True, {"key_value_seq_lengths": mask.keys["valid"].sum(1, dtype=jnp.int32)}
+  return False, {"mask": _dense_mask(mask)}
+
+
+def _dense_mask(mask):
+  return mask.dense() if isinstance(mask, Structured) else mask
+
+
+def _padded(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal: bool, arrays: dict, block: int):
+  """q, k, v and the mask's arrays with T and S padded to multiples of `block`: padding
+  keys are seen by no real query (masked out, or after every real query's keys when causal
+  over T = S keys). A row with no key (padding queries, whose outputs are dropped, and fully
+  masked rows) becomes a zero query over every real key: uniform weights, as on the dense
+  path."""
+  t, s = q_BxTxHxD.shape[1], k_BxSxKxD.shape[1]
+  tp, sp = -(-t // block) * block, -(-s // block) * block
+  if (tp, sp) == (t, s):
+    return q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, arrays
+  if causal and not arrays and t != s:
+    raise ValueError(f"a causal mask over {s} keys for {t} queries cannot be padded")
+  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+  q = pad(q_BxTxHxD, tp)
+  if "mask" in arrays:  # a row with no key (padding queries too): a zero query on every real key
+    mask = jnp.pad(arrays["mask"], [(0, 0), (0, tp - t), (0, sp - s)])
+    empty = ~mask.any(-1)  # [B, T]
+    q = jnp.where(empty[:, :, None, None], 0, q)
+    arrays = {**arrays, "mask": mask | (empty[:, :, None] & (jnp.arange(sp) < s))}
+  return q, pad(k_BxSxKxD, sp), pad(v_BxSxKxD, sp), arrays
+
+
+def _shard_mapped(call, mesh, k_shape, arrays: dict):
+  """`call(q, k, v, arrays)` in a `jax.shard_map` over `mesh`: each device runs the kernel on
+  its rows (batch over the batch axes; the mask's `arrays` lead with the batch) and heads
+  ("tensor" when it divides the kv heads; the q heads then split alike, so q head h stays
+  with kv head h // G), the rest replicated."""
   batch, _, heads, _ = sharding.logical_spec(("batch", None, "kv_heads", None), k_shape, mesh)
   qkv = P(batch, None, heads, None)
-  return jax.shard_map(call, mesh=mesh, in_specs=(qkv, qkv, qkv, P(batch)), out_specs=qkv,
+  specs = {n: P(batch) for n in arrays}
+  return jax.shard_map(call, mesh=mesh, in_specs=(qkv, qkv, qkv, specs), out_specs=qkv,
                        check_vma=False)
 
 
@@ -173,65 +212,3 @@ def _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, cache_kv):
   out = sum(jnp.einsum("bkgts,bskd->btkgd", (e / total).astype(dt), values.astype(dt))
             for e, (_, values) in zip(exps, parts))
   return out.reshape(b, t, h, dh)
-
-
-def blockwise(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask: Structured, block_q: int = BLOCK,
-              block_k: int = BLOCK):
-  """Attention `[B, T, H, D]` under a structured mask `[B, T, S]`, tile by tile: each row of
-  the batch and block of queries runs an online softmax over its key blocks, skipping the
-  tiles `mask.layout` marks EMPTY (a `lax.cond`: skipped in the backward pass too); each
-  block of queries is rematerialised in the backward pass (memory linear in T)."""
-  b, t, h, dh = q_BxTxHxD.shape
-  s, hkv, dt = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2], q_BxTxHxD.dtype
-  bq, bk = min(block_q, t), min(block_k, s)
-  nq, nk = -(-t // bq), -(-s // bk)
-  layout = mask.layout(bq, bk)  # [B, nq, nk]
-
-  def blocks(x, n, size):  # [B, N, ...] -> [B, n, size, ...], zero or edge padded
-    mode = "edge" if x.ndim == 2 else "constant"
-    x = jnp.pad(x, [(0, 0), (0, n * size - x.shape[1])] + [(0, 0)] * (x.ndim - 2), mode=mode)
-    return x.reshape(b, n, size, *x.shape[2:])
-
-  q = blocks(q_BxTxHxD.reshape(b, t, hkv, h // hkv, dh), nq, bq)
-  k, v = blocks(k_BxSxKxD, nk, bk), blocks(v_BxSxKxD, nk, bk)
-  fq = {n: blocks(a, nq, bq) for n, a in mask.queries.items()}
-  fk = {n: blocks(a, nk, bk) for n, a in mask.keys.items()}
-  key_real = (jnp.arange(nk * bk) < s).reshape(nk, bk)
-
-  def q_block(k_r, v_r, fk_r, x):  # one row's keys, one block of its queries
-    q_i, fq_i, layout_i = x  # [bq, Hkv, G, D], fields [bq], [nk]
-
-    def tile(carry, y):
-      k_j, v_j, fk_j, real_j, layout_ij = y
-
-      def compute(carry):
-        m, total, acc = carry  # [Hkv, G, bq] max, [Hkv, G, bq] sum, [Hkv, G, bq, D]: float32
-        allowed = mask.rule({n: a[None, :, None] for n, a in fq_i.items()},
-                            {n: a[None, None, :] for n, a in fk_j.items()})[0] & real_j
-        scores = jnp.einsum("qkgd,skd->kgqs", q_i, k_j,
-                            preferred_element_type=jnp.float32) * dh ** -0.5
-        top = jnp.max(jnp.where(allowed, scores, -jnp.inf), -1)
-        m_new = jax.lax.stop_gradient(jnp.maximum(m, top))  # the shift: no effect on values
-        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.where(allowed, jnp.exp(scores - shift[..., None]), 0.0)
-        scale = jnp.exp(m - shift)
-        acc = acc * scale[..., None] + jnp.einsum("kgqs,skd->kgqd", p.astype(dt), v_j,
-                                                  preferred_element_type=jnp.float32)
-        return m_new, total * scale + p.sum(-1), acc
-
-      return jax.lax.cond(layout_ij == EMPTY, lambda c: c, compute, carry), None
-
-    g = h // hkv
-    init = (jnp.full((hkv, g, bq), -jnp.inf), jnp.zeros((hkv, g, bq)),
-            jnp.zeros((hkv, g, bq, dh)))
-    (_, total, acc), _ = jax.lax.scan(tile, init, (k_r, v_r, fk_r, key_real, layout_i))
-    out = acc / jnp.where(total == 0, 1.0, total)[..., None]  # a row with no key: zeros
-    return jnp.moveaxis(out, 2, 0).astype(dt)  # [bq, Hkv, G, D]
-
-  def row(x):
-    q_r, k_r, v_r, fq_r, fk_r, layout_r = x
-    body = jax.checkpoint(lambda y: q_block(k_r, v_r, fk_r, y))
-    return jax.lax.map(body, (q_r, fq_r, layout_r))
-
-  out = jax.lax.map(row, (q, k, v, fq, fk, layout))  # [B, nq, bq, Hkv, G, D]
-  return out.reshape(b, nq * bq, h, dh)[:, :t]

@@ -12,6 +12,10 @@ tiles as EMPTY (no pair attends: a kernel skips the tile), FULL (every pair atte
 to apply) or PARTIAL, computed one block of queries at a time from the metadata, so it never
 holds the dense mask; the layout is the same for every layer and head of a step.
 
+`attention.attend` gives a kernel the causal rules (`causal_rule`, `full_causal_rule`) as
+its own causal mask, which skips the tiles above the diagonal (`attention.kernel_mask`); any
+other rule reaches it dense.
+
 Per-query key ranges alone cannot express Jacobi Forcing's interleaved streams (a noisy block
 sees the prompt and the earlier noisy blocks, not the clean blocks between them), or the
 AS-ARM lattice; a rule over token fields can, and tiles give kernels their skip list.
@@ -104,6 +108,11 @@ def causal_rule(q, k):
   return (k["i"] <= q["i"]) & k["valid"]
 
 
+def full_causal_rule(q, k):
+  """`masks.causal` of rows with no padding: keys up to the query."""
+  return k["i"] <= q["i"]
+
+
 def block_causal_rule(q, k):
   """`masks.block_causal`: causal within the query's block."""
   return (k["i"] <= q["i"]) & (k["block"] == q["block"])
@@ -163,6 +172,12 @@ def causal(lengths_B: jax.Array, t: int) -> Structured:
   b = lengths_B.shape[0]
   fields = _fields(valid=_index(b, t) < lengths_B[:, None])
   return Structured(fields, fields, causal_rule)
+
+
+def full_causal(b: int, t: int) -> Structured:
+  """`masks.causal(full((b,), t), t)`: rows of `t` real tokens (a kernel's own causal mask)."""
+  fields = {"i": _index(b, t)}
+  return Structured(fields, fields, full_causal_rule)
 
 
 def block_causal(block_ids_BxT: jax.Array) -> Structured:

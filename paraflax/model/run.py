@@ -92,13 +92,12 @@ class RunControl:
     per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
     return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
 
-  def attention_for(self, cfg: ModelConfig, rows: int, cached: bool = False,
-                    keys: int | None = None) -> str:
+  def attention_for(self, cfg: ModelConfig, rows: int, cached: bool = False) -> str:
     """The attention `attention` resolves to for a call of `cfg`'s model with `rows` query
-    rows over `keys` keys (None: `rows`, a cache-free call; cached: slots + rows) on
-    `backend()`; "kernel|fallback" where it falls back for shapes a kernel declines."""
+    rows (over a cache when `cached`) on `backend()`; "kernel|fallback" where it falls back
+    for shapes a kernel declines."""
     impl = resolve(self.attention, self.backend(), cfg.dtype, max_len=cfg.max_seq_len,
-                   rows=rows, cached=cached, keys=keys)
+                   rows=rows, cached=cached)
     return impl if isinstance(impl, str) else "|".join(impl)
 
   def resolved(self, cfg: ModelConfig, rows: int) -> dict:

@@ -4,8 +4,8 @@
 slots followed by the chunk's T tokens, so `mask` is `[B, T, S+T]` (`[B, T, T]` without a
 cache). The model never builds a mask and never writes the cache; it returns the chunk's
 keys/values (post-RoPE) and the caller commits the rows it keeps (`cache.commit`). A mask in
-structured form (`mask_structure.Structured`, same shape) runs the tiled attention that skips
-its empty tiles (`attention.blockwise`).
+structured form (`mask_structure.Structured`, same shape) reaches the attention kernel as
+it takes it (a causal one as the kernel's own causal mask: `attention.kernel_mask`).
 
 Two-stream models (`two_stream=True`, AS-ARMs for ASSD) also take `queries=Queries(positions,
 mask)`: a position-only query stream (XLNet). Every query starts as one learned vector, gets

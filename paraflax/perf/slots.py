@@ -94,8 +94,7 @@ def run(plan: SlotsPlan, add, log) -> list[str]:
         continue
       for r in rows:
         add({"kind": "slots", "shape": plan.shape, "dtype": plan.dtype, "layers": cfg.n_layers,
-             "attention": model.run.attention_for(cfg, r["slots"], cached=True,
-                                                  keys=cache_len + r["slots"]),
+             "attention": model.run.attention_for(cfg, r["slots"], cached=True),
              "cache_len": cache_len, "batch": b, **r, "repeats": plan.repeats, "inner": inner})
         log(f"[slots] cache {cache_len} batch {b} slots {r['slots']:>3} ({r['mask']}): "
             f"{r['forward_ms']:.3f} ms, c = {r['vs_one_slot']:.2f}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.training.objectives.head_loss import token_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
@@ -25,7 +25,9 @@ def ar(model, batch, rng):
   b, l = tokens_BxL.shape
   lengths_B = batch.get("lengths", jnp.full((b,), l, jnp.int32))
   positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-  mask_BxLxL = masks.causal(lengths_B, l)
+  # rows without padding: the kernels' own causal mask (it skips the blocks above the diagonal)
+  mask_BxLxL = (mask_structure.causal(lengths_B, l) if "lengths" in batch
+                else mask_structure.full_causal(b, l))
   hidden_BxLxD, _ = model(tokens_BxL, positions_BxL, mask_BxLxL, hidden=True)
   weights = None
   if "lengths" in batch or "prompt_lens" in batch:

@@ -1,0 +1,107 @@
+"""What the attention kernels are given: a causal structure as the kernel's own causal mask
+(`attention.kernel_mask`), any other mask dense, and lengths padded to a kernel's block
+(`attention._padded`). tokamax's XLA implementation takes the same arguments as its kernels
+and runs here: values and gradients equal the dense reference (float32, highest)."""
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paraflax.model import attention, masks
+from paraflax.model import mask_structure as ms
+from conftest import compiled_forward
+
+pytestmark = pytest.mark.fast
+
+
+def _qkv(b, t, s, seed=0, h=4, hkv=2, d=8):
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(k1, (b, t, h, d)), jax.random.normal(k2, (b, s, hkv, d)),
+          jax.random.normal(k3, (b, s, hkv, d)))
+
+
+def _value_and_grads(fn, q, k, v):
+  w = jax.random.normal(jax.random.key(9), q.shape)  # a cotangent: every output counts
+  return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), (0, 1, 2)))(q, k, v)
+
+
+def _tokamax(q, k, v, causal, arrays, block=1):
+  """The kernel call of `attend` (padding included) with tokamax's XLA implementation."""
+  t = q.shape[1]
+  q, k, v, arrays = attention._padded(q, k, v, causal, arrays, block)
+  if "mask" in arrays:
+    arrays = {**arrays, "mask": arrays["mask"][:, None]}
+  out = attention.tokamax_module().dot_product_attention(q, k, v, is_causal=causal,
+                                                         implementation="xla", **arrays)
+  return out[:, :t]
+
+
+def _assert_close(got, want):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+MASKS = {
+    "full causal": lambda: ms.full_causal(2, 12),
+    "causal with padding": lambda: ms.causal(jnp.array([12, 7]), 12),
+    "tidar_train": lambda: ms.tidar_train(6, jnp.array([2, 4])),
+    "noise_aware": lambda: ms.noise_aware(
+        jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
+        jnp.arange(12)[None] < jnp.array([[12], [10]])),
+    "lattice": lambda: ms.lattice(jnp.asarray(np.random.default_rng(0).random((2, 12)) < 0.4))[0],
+}
+
+
+@pytest.mark.parametrize("block", [1, 8], ids=["cudnn", "padded to blocks of 8"])
+@pytest.mark.parametrize("name", list(MASKS))
+def test_kernel_arguments_equal_the_dense_mask(name, block):
+  """Every objective's mask as a kernel gets it (causal: `is_causal`, with key lengths where
+  the kernel takes them; others dense), lengths padded as splash attention pads them."""
+  mask = MASKS[name]()
+  q, k, v = _qkv(*mask.shape)
+  with jax.default_matmul_precision("highest"):
+    want = _value_and_grads(lambda q, k, v: attention._dense(q, k, v, mask.dense(), None),
+                            q, k, v)
+    causal, arrays = attention.kernel_mask(mask, lengths=block == 1)
+    assert causal == (mask.rule in (ms.causal_rule, ms.full_causal_rule)
+                      and (block == 1 or mask.rule is ms.full_causal_rule))
+    got = _value_and_grads(lambda q, k, v: _tokamax(q, k, v, causal, arrays, block), q, k, v)
+  _assert_close(got, want)
+
+
+def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():
+  """Padding keys hold large values (a weight on them would show; NaN would poison even a
+  zero weight): no real query reads them, and a row with no key at all gets the mean of the
+  real values (uniform weights) as on the dense path."""
+  mask = masks.causal(jnp.array([5, 0]), 5) & (jnp.arange(5)[None, :, None] > 0)
+  q, k, v = _qkv(2, 5, 5)
+  want = attention._dense(q, k, v, mask, None)
+  q8, k8, v8, arrays = attention._padded(q, k, v, False, {"mask": mask}, 8)
+  k8, v8 = k8.at[:, 5:].set(100.0), v8.at[:, 5:].set(100.0)
+  out = attention.tokamax_module().dot_product_attention(
+      q8, k8, v8, mask=arrays["mask"][:, None], implementation="xla")[:, :5]
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_causal_mask_that_cannot_be_padded_is_refused():
+  q, k, v = _qkv(1, 3, 5)
+  with pytest.raises(ValueError, match="cannot be padded"):
+    attention._padded(q, k, v, True, {}, 4)
+
+
+def test_the_model_takes_a_structured_mask_in_place_of_the_dense_one(model):
+  """The AR forward and TiDAR's doubled row, structured vs dense masks (here: expanded)."""
+  forward = compiled_forward(model)
+  tokens = jax.random.randint(jax.random.key(1), (2, 20), 0, model.cfg.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(20), (2, 20))
+  for dense, structured in [(masks.causal(jnp.array([20, 20]), 20), ms.full_causal(2, 20)),
+                            (masks.causal(jnp.array([20, 13]), 20),
+                             ms.causal(jnp.array([20, 13]), 20)),
+                            (masks.tidar_train(10, jnp.array([2, 5])),
+                             ms.tidar_train(10, jnp.array([2, 5])))]:
+    want, want_kv = forward(tokens, pos, dense)
+    got, got_kv = forward(tokens, pos, structured)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_kv.v, want_kv.v, rtol=1e-5, atol=1e-5)

@@ -51,6 +51,9 @@ MASKS = {
         jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
     "lattice": lambda: ms.lattice(jnp.asarray(np.random.default_rng(0).random((2, 12)) < 0.4))[0],
+    "deer": lambda: ms.deer(jnp.array([[masks.CLEAN] * 7 + [masks.MASKED] * 5] * 2),
+                            jnp.array([[0] * 7 + [1] * 5] * 2),
+                            jnp.arange(12)[None] < jnp.array([[12], [9]]), bidirectional=True),
 }
 
 

@@ -11,9 +11,11 @@ them.
   remat        what a layer keeps for the backward pass (only under differentiation): "none"
                every activation, "full" only its input (the rest is recomputed),
                "save_matmuls" also the outputs of the weight matmuls (projections, MLP;
-               attention scores and elementwise ops are recomputed); "auto" (`remat_policy`)
-               is "full" when a row's activations exceed `REMAT_BUDGET` (every real-size
-               model), else "none" (the demo and test models).
+               attention scores and elementwise ops are recomputed); "auto": on an
+               accelerator, training (`train`, `--dry-run`, `perf`) takes the least recompute
+               whose step fits the device by XLA's memory analysis (`training/run/fit.py`);
+               otherwise (`remat_policy`) "full" when a row's activations exceed
+               `REMAT_BUDGET` (every real-size model), else "none" (the demo and test models).
   scan_layers  True runs the layers as one `lax.scan` over their weights stacked at call
                time (the parameter tree keeps one entry per layer): one compiled layer, and a
                backward pass that recomputes one layer at a time, which XLA's CPU scheduler
@@ -27,8 +29,9 @@ them.
                choice ("auto" attention, steps per decode iteration) is the target's.
   loss_chunk   positions of a row the training losses project through the output head at
                once (`training/objectives/head_loss.py`): None ("auto") the whole row while its
-               float32 logits stay small, chunks that keep them so otherwise; an int forces
-               chunks of that many positions (>= the row: the whole row).
+               float32 logits stay small, chunks that keep them so otherwise (on an
+               accelerator, the whole row first when the step then fits: `fit.py`); an int
+               forces chunks of that many positions (>= the row: the whole row).
 """
 
 from __future__ import annotations

@@ -1,26 +1,41 @@
-"""Per-position quantities of the output head computed over chunks of positions, so a loss
-never holds the float32 logits `[B, T, V]` of a whole row (nor their softmax or gradient).
+"""Per-position losses through the output head in a few large kernels, so a loss holds the
+float32 logits `[B, T, V]` of a whole row only while they fit (`RunControl.loss_chunk`).
 
-`per_position(fn, model, hidden_BxTxD, extras)` pads T to a multiple of the chunk, then runs
-`fn(logits_BxCxV, extras_chunk, head)` on each chunk inside `lax.map` under `jax.checkpoint`:
-the forward keeps only each chunk's outputs `[B, C]`, and the backward recomputes one chunk's
-logits at a time. `head(h_BxCxD)` projects other hidden states of the chunk (Jacobi Forcing's
-teacher). The chunk is `RunControl.loss_chunk` (`chunk_size`); a chunk covering the row runs
-`fn` once on the whole row, without the loop (tiny demo shapes: faster, the same values).
+`cross_entropy(model, hidden, targets_BxTxK, teacher, temperature)` gives each position's NLL
+and argmax hit of K integer targets and, given a teacher's hidden states (projected by the same
+head, detached), its soft cross entropy; `token_nll` is the one-target case every objective
+uses (Jacobi Forcing takes two targets and the teacher). A custom VJP writes the gradient of
+the logits z itself, with u the teacher's logits and tau the temperature:
 
-The head's gradient sums over chunks in the parameter dtype (the projection is cast to the
-compute dtype inside each chunk), so bf16 compute does not accumulate it in bf16.
-tokamax's fused `linear_softmax_cross_entropy_loss` (TPU) is not routed here: this loop is
-the path on every backend.
+  dz = sum_k dnll_k (softmax(z) - onehot(y_k)) + dsoft tau (softmax(z/tau) - softmax(u/tau))
+
+so the targets need no scatter, and the hit is the target's logit being the largest (no argmax).
+The max and the sum of exponentials come from one reduction (an online softmax's pair). The
+chunk is `RunControl.loss_chunk` (`chunk_size`):
+  - a chunk covering the row (tiny demo shapes; any row whose logits fit): no loop. The forward
+    is the head's gemm and its reductions; the backward one elementwise pass (from the kept
+    softmax, or the logits XLA may keep instead) and two gemms: no logits are recomputed;
+  - smaller chunks: a loop over them each way. The forward keeps each position's log-sum-exps
+    (`[B, C]`, written with the outputs as one array a chunk), the backward recomputes one
+    chunk's logits at a time: a gemm, one elementwise pass and two gemms per chunk.
+The head is cast to the compute dtype once; its gradient sums over chunks in float32 (returned
+in the parameter dtype), so bf16 compute does not accumulate it in bf16.
+
+tokamax 0.0.17's fused `linear_softmax_cross_entropy_loss` is not routed here. Off the TPU it
+is the whole-logits reference or an XLA loop whose zero-padded last vocabulary block enters the
+log-sum-exp (wrong unless V is a multiple of its 2048-wide blocks; Qwen2.5's 151,936 is not).
+Its TPU kernel masks that block itself, but like the others it gives neither the hit nor the
+soft term, and it recomputes the logits in its backward pass.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
 
 from paraflax.model.transformer import logits as project
 from paraflax.parallel import sharding
@@ -39,46 +54,184 @@ def chunk_size(setting: int | None, b: int, t: int, v: int) -> int:
   return -(-t // n)
 
 
-def per_position(fn, model, hidden_BxTxD, extras=None):
-  """`fn(logits_BxCxV, extras_chunk, head) -> pytree of [B, C]` over the row's chunks,
-  concatenated to `[B, T]`. `extras`: a pytree of `[B, T, ...]` arrays cut like the row."""
+def token_nll(model, hidden_BxTxD, targets_BxT):
+  """(nll, argmax hit) `[B, T]` float32 of `targets` under the logits of `hidden`."""
+  out = cross_entropy(model, hidden_BxTxD, targets_BxT[..., None])
+  return out["nll"][..., 0], out["hit"][..., 0]
+
+
+def cross_entropy(model, hidden_BxTxD, targets_BxTxK, teacher_BxTxD=None,
+                  temperature: float = 1.0) -> dict:
+  """{"nll", "hit"} `[B, T, K]` float32 of K integer targets per position ("hit": the
+  target's logit is the largest) and, with `teacher` (hidden states `[B, T, D]`, detached),
+  "soft" `[B, T]`: -sum softmax(u/tau) log_softmax(z/tau) x tau^2, u the teacher's logits."""
   b, t, _ = hidden_BxTxD.shape
   w_DxV = model.unembedding()
   rows = b // sharding.batch_shards(b)  # per device: the batch is split over a mesh's axes
   chunk = chunk_size(model.run.loss_chunk, rows, t, w_DxV.shape[1])
-  inputs = (hidden_BxTxD, extras)
+  if teacher_BxTxD is not None:
+    teacher_BxTxD = jax.lax.stop_gradient(teacher_BxTxD)
+  return _cross_entropy(chunk, float(temperature), hidden_BxTxD, w_DxV, targets_BxTxK,
+                        teacher_BxTxD)
 
-  def run(w, h_and_x):
-    h, x = h_and_x
-    head = functools.partial(project, w_DxV=w)
-    return fn(head(h), x, head)
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _cross_entropy(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD):
+  return _forward(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD)[0]
+
+
+def _forward(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD):
+  """The outputs, and what the backward keeps: the gradient's dense parts in the compute dtype
+  (whole row) or each chunk's log-sum-exps."""
+  t = x_BxTxD.shape[1]
+  w_c = w_DxV.astype(x_BxTxD.dtype)
+  inputs = (x_BxTxD, y_BxTxK, u_BxTxD)
   if chunk >= t:
-    return run(w_DxV, inputs)
-  n = -(-t // chunk)
+    z, u = _logits(x_BxTxD, u_BxTxD, w_c)
+    out, lses = _stats(z, y_BxTxK, u, tau)
+    dense = jax.tree.map(lambda a: a.astype(x_BxTxD.dtype), _dense(z, u, lses, tau))
+    return out, (inputs, w_DxV, dense)
 
-  def cut(x):  # [B, T, ...] -> [n, B, C, ...]
+  def chunk_stats(xyu):
+    x, y, u = xyu
+    z, u = _logits(x, u, w_c)
+    return _stats(z, y, u, tau)
+
+  out, lses = _map_packed(chunk_stats, _cut(inputs, chunk))  # lses: [n, B, C] each
+  return _join(out, t), (inputs, w_DxV, lses)
+
+
+def _backward(chunk, tau, res, ct):
+  (x_BxTxD, y_BxTxK, u_BxTxD), w_DxV, kept = res
+  _, t, d = x_BxTxD.shape
+  w_c = w_DxV.astype(x_BxTxD.dtype)
+  cts = (ct["nll"], ct.get("soft"))  # the hit has no gradient
+  if chunk >= t:
+    dz = _dlogits(*kept, y_BxTxK, *cts, x_BxTxD.dtype)
+    dx, dw = _head_grads(x_BxTxD, w_c, dz)
+  else:
+    per_position, unpack = _pack((_cut(cts, chunk), kept), 3)  # [n, B, C, S]: one slice a chunk
+
+    def step(dw, xs):
+      (x, y, u), packed = xs
+      (a, c), lses = unpack(packed)
+      z, u = _logits(x, u, w_c)
+      dx, dw_c = _head_grads(x, w_c, _dlogits(*_dense(z, u, lses, tau), y, a, c, x.dtype))
+      return dw + dw_c, dx
+
+    xs = (_cut((x_BxTxD, y_BxTxK, u_BxTxD), chunk), per_position)
+    dw, dx = jax.lax.scan(step, jnp.zeros((d, w_DxV.shape[1]), jnp.float32), xs)
+    dx = _join(dx, t)
+  return dx, dw.astype(w_DxV.dtype), None, None
+
+
+_cross_entropy.defvjp(_forward, _backward)
+
+
+def _logits(x_BxCxD, u_BxCxD, w_c):
+  """float32 logits `[B, C, V]` of the positions and of their teacher (None without one)."""
+  return project(x_BxCxD, w_c), None if u_BxCxD is None else project(u_BxCxD, w_c)
+
+
+def _stats(z_BxCxV, y_BxCxK, u_BxCxV, tau):
+  """(outputs, log-sum-exps) of one chunk's logits `z` and teacher logits `u` (or None)."""
+  m_BxC, s_BxC = _max_and_sum_exp(z_BxCxV)
+  lse = m_BxC + jnp.log(s_BxC)
+  z_y = jnp.take_along_axis(z_BxCxV, y_BxCxK, -1)
+  out = {"nll": lse[..., None] - z_y, "hit": (z_y >= m_BxC[..., None]).astype(jnp.float32)}
+  lses = {"z": lse}
+  if u_BxCxV is not None:
+    lses["z_tau"] = lse if tau == 1 else _logsumexp(z_BxCxV / tau)
+    lses["u_tau"] = _logsumexp(u_BxCxV / tau)
+    q = jnp.exp(u_BxCxV / tau - lses["u_tau"][..., None])
+    out["soft"] = tau * (tau * lses["z_tau"] - jnp.sum(q * z_BxCxV, -1))
+  return out, lses
+
+
+def _max_and_sum_exp(z_BxCxV):
+  """(max z, sum exp(z - max z)) `[B, C]` in one pass over the vocabulary (an online
+  softmax's running pair, rescaled as the maximum grows)."""
+  def combine(a, b):
+    m = jnp.maximum(a[0], b[0])
+    return m, a[1] * jnp.exp(a[0] - m) + b[1] * jnp.exp(b[0] - m)
+  # the lowest finite float starts the maximum: identities combined give sum 0, not NaN
+  init = (jnp.float32(jnp.finfo(jnp.float32).min), jnp.float32(0))
+  return jax.lax.reduce((z_BxCxV, jnp.ones_like(z_BxCxV)), init, combine, (2,))
+
+
+def _logsumexp(z_BxCxV):
+  m_BxC, s_BxC = _max_and_sum_exp(z_BxCxV)
+  return m_BxC + jnp.log(s_BxC)
+
+
+def _dense(z_BxCxV, u_BxCxV, lses, tau):
+  """The logits' gradient parts that fill the vocabulary: softmax(z) and, with a teacher,
+  tau (softmax(z/tau) - softmax(u/tau)) (None without)."""
+  p = jnp.exp(z_BxCxV - lses["z"][..., None])
+  if u_BxCxV is None:
+    return p, None
+  p_tau = p if tau == 1 else jnp.exp(z_BxCxV / tau - lses["z_tau"][..., None])
+  return p, tau * (p_tau - jnp.exp(u_BxCxV / tau - lses["u_tau"][..., None]))
+
+
+def _dlogits(p_BxCxV, soft_BxCxV, y_BxCxK, a_BxCxK, c_BxC, dtype):
+  """The logits' gradient `[B, C, V]` in `dtype`: sum_k a_k (p - onehot(y_k)) + c soft, one
+  elementwise pass (the one-hots compared in place)."""
+  g = p_BxCxV.astype(jnp.float32) * jnp.sum(a_BxCxK, -1)[..., None]
+  v = jax.lax.broadcasted_iota(jnp.int32, p_BxCxV.shape, 2)
+  for k in range(y_BxCxK.shape[-1]):
+    g = g - jnp.where(v == y_BxCxK[..., k:k + 1], a_BxCxK[..., k:k + 1], 0.0)
+  if soft_BxCxV is not None:
+    g = g + c_BxC[..., None] * soft_BxCxV.astype(jnp.float32)
+  return g.astype(dtype)
+
+
+def _head_grads(x_BxCxD, w_c, dz_BxCxV):
+  """(dx in x's dtype, dw float32 `[D, V]`) of the logits' gradient `dz`."""
+  dx = jnp.einsum("bcv,dv->bcd", dz_BxCxV, w_c, preferred_element_type=jnp.float32)
+  dw = jnp.einsum("bcd,bcv->dv", x_BxCxD, dz_BxCxV, preferred_element_type=jnp.float32)
+  return dx.astype(x_BxCxD.dtype), dw
+
+
+def _cut(tree, chunk: int):
+  """`[B, T, ...]` leaves -> `[n, B, C, ...]`, T padded to n chunks of `chunk`."""
+  def cut(x):
+    b, t = x.shape[:2]
+    n = -(-t // chunk)
     x = jnp.pad(x, [(0, 0), (0, n * chunk - t)] + [(0, 0)] * (x.ndim - 2))
     return jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
-
-  body = jax.checkpoint(run, prevent_cse=False)
-  out = jax.lax.map(lambda hx: body(w_DxV, hx), jax.tree.map(cut, inputs))
-  return jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1).reshape(b, n * chunk)[:, :t], out)
+  return jax.tree.map(cut, tree)
 
 
-def token_stats(logits_BxTxV, targets_BxT):
-  """(nll, argmax hit) `[B, T]` float32 of integer targets."""
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
-  hit = (jnp.argmax(logits_BxTxV, -1) == targets_BxT).astype(jnp.float32)
-  return nll, hit
+def _map_packed(fn, xs):
+  """`lax.map(fn, xs)` for an `fn` giving float32 `[B, C, ...]` leaves, written as one array a
+  chunk (one kernel, not one a leaf) and unpacked to `[n, B, C, ...]` leaves."""
+  unpack = []
+
+  def packed(x):
+    flat, f = _pack(fn(x), 2)
+    unpack.append(f)
+    return flat
+  flat = jax.lax.map(packed, xs)  # traces `packed`: sets the unpacker
+  return unpack[0](flat)
 
 
-def token_nll(model, hidden_BxTxD, targets_BxT):
-  """(nll, argmax hit) `[B, T]` of `targets` under the logits of `hidden`, chunked."""
-  return per_position(lambda z, y, _: token_stats(z, y), model, hidden_BxTxD, targets_BxT)
+def _pack(tree, r: int):
+  """(one float32 array `[*P, S]`, its unpacker) of a pytree whose leaves share their first
+  `r` dims P; the unpacker takes any leading dims in place of P."""
+  leaves, treedef = jax.tree.flatten(tree)
+  tails = [leaf.shape[r:] for leaf in leaves]
+  flat = jnp.concatenate([leaf.reshape(*leaf.shape[:r], -1) for leaf in leaves], -1)
+
+  def unpack(a):
+    parts = jnp.split(a, np.cumsum([math.prod(tail) for tail in tails])[:-1], -1)
+    return treedef.unflatten([p.reshape(*a.shape[:-1], *tail) for p, tail in zip(parts, tails)])
+  return flat, unpack
 
 
-def soft_cross_entropy(logits_BxTxV, teacher_BxTxV, temperature: float):
-  """`[B, T]`: -sum softmax(teacher / tau) log_softmax(logits / tau) x tau^2 (teacher detached)."""
-  p = jax.nn.softmax(jax.lax.stop_gradient(teacher_BxTxV) / temperature)
-  return -jnp.sum(p * jax.nn.log_softmax(logits_BxTxV / temperature), -1) * temperature ** 2
+def _join(tree, t: int):
+  """`[n, B, C, ...]` leaves -> `[B, T, ...]` (the padding dropped)."""
+  def join(y):
+    n, b, c = y.shape[:3]
+    return jnp.moveaxis(y, 0, 1).reshape(b, n * c, *y.shape[3:])[:, :t]
+  return jax.tree.map(join, tree)

@@ -7,7 +7,6 @@ loss (`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import ClassVar
 
 import jax
@@ -17,7 +16,7 @@ import numpy as np
 from paraflax.data.source import TrainData, register_source
 from paraflax.model import masks
 from paraflax.model.masks import CLEAN, NOISY, PROMPT
-from paraflax.training.objectives.head_loss import per_position, soft_cross_entropy, token_stats
+from paraflax.training.objectives.head_loss import cross_entropy
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -227,11 +226,12 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
     "hard": cross entropy against the fixed point's next token (the clean twin's label). The
       target is data, not the live model, so a tiny model cannot lower the loss by making
       both streams degenerate together (which "soft" does on the demo's 1.3M model).
-  The head runs over chunks of positions (`head_loss.per_position`). A pair is never split:
-  each noisy slot gets its clean twin's final hidden state (gathered by `partner`,
-  stop-gradient) at its own position, and the chunk projects both, so the teacher logits are
-  computed next to their student's whatever the rows' prompt lengths (chunking by block pairs
-  would need pairs aligned across rows, which they are not); the gathered copy is `[B, L, D]`.
+  The head runs over chunks of positions (`head_loss.cross_entropy`, both targets at once). A
+  pair is never split: each noisy slot gets its clean twin's final hidden state (gathered by
+  `partner`, stop-gradient) at its own position as its teacher, and the chunk projects both, so
+  the teacher logits are computed next to their student's whatever the rows' prompt lengths
+  (chunking by block pairs would need pairs aligned across rows, which they are not); the
+  gathered copy is `[B, L, D]`.
   """
   del rng
   if consistency not in ("soft", "hard"):
@@ -244,27 +244,16 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   # slot of the last block has none)
   noisy_targets = jnp.take_along_axis(batch["ar_targets"], partner, 1)
   has_target = w * jnp.take_along_axis(batch["ar_weights"], partner, 1)
-  extras = {"ar": batch["ar_targets"], "noisy": noisy_targets}
+  targets_BxLx2 = jnp.stack([batch["ar_targets"], noisy_targets], -1)
+  teacher = None
   if consistency == "soft":  # the clean twin's hidden state at its noisy slot (see above)
-    extras["teacher"] = jnp.take_along_axis(jax.lax.stop_gradient(hidden_BxLxD),
-                                            partner[..., None], 1)
-  stats = per_position(functools.partial(_pair_stats, temperature=temperature), model,
-                       hidden_BxLxD, extras)
+    teacher = jnp.take_along_axis(jax.lax.stop_gradient(hidden_BxLxD), partner[..., None], 1)
+  stats = cross_entropy(model, hidden_BxLxD, targets_BxLx2, teacher, temperature)
+  nll, hit = stats["nll"], stats["hit"]  # [B, L, 2]: the AR target, the fixed point's
   ar_w = batch["ar_weights"]
-  ar, acc = Mean.of(stats["ar_nll"], ar_w), Mean.of(stats["ar_hit"], ar_w)
-  loss_c = (Mean.of(stats["noisy_nll"], has_target) if consistency == "hard"
+  ar, acc = Mean.of(nll[..., 0], ar_w), Mean.of(hit[..., 0], ar_w)
+  loss_c = (Mean.of(nll[..., 1], has_target) if consistency == "hard"
             else Mean.of(stats["soft"], w))
   return Loss.of(loss_c, (ar_weight, ar)), {
       "ar_loss": ar, "consistency": loss_c, "accuracy": acc,
-      "noisy_accuracy": Mean.of(stats["noisy_hit"], has_target)}
-
-
-def _pair_stats(logits_BxCxV, x, head, temperature: float):
-  """A chunk's per-slot terms `[B, C]`: AR and fixed-point NLL and hits, and with a teacher
-  (soft consistency) the soft cross entropy against the teacher's detached logits."""
-  ar_nll, ar_hit = token_stats(logits_BxCxV, x["ar"])
-  noisy_nll, noisy_hit = token_stats(logits_BxCxV, x["noisy"])
-  out = {"ar_nll": ar_nll, "ar_hit": ar_hit, "noisy_nll": noisy_nll, "noisy_hit": noisy_hit}
-  if "teacher" in x:
-    out["soft"] = soft_cross_entropy(logits_BxCxV, head(x["teacher"]), temperature)
-  return out
+      "noisy_accuracy": Mean.of(hit[..., 1], has_target)}

@@ -33,8 +33,8 @@ def model_config(shape: str, dtype: str, layers: int | None = None, **extra):
 
 
 def random_model(cfg, seed: int = 0, attention: str | None = None):
-  """A Transformer of `cfg` with random weights, built in one compiled call, its attention
-  `attention` (None: "auto")."""
+  """A Transformer of `cfg` with random weights (`init_params`: two compiled programs
+  whatever the depth), its attention `attention` (None: "auto")."""
   from flax import nnx
 
   from paraflax.model.run import RunControl

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from paraflax.training.objectives.means import as_means
+from paraflax.training.run import layout
 
 
 def split(batch: dict, k: int) -> dict:
@@ -38,7 +38,7 @@ def accumulated(parts, graphdef, params, batch, rng, k: int):
   xs = (split(batch, k), jax.random.split(rng, k))
 
   def means(p, micro):
-    return as_means(*parts(nnx.merge(graphdef, p), *micro))
+    return as_means(*parts(layout.model_of(graphdef, p), *micro))
 
   def counts(micro):
     loss, metrics = means(params, micro)

@@ -6,6 +6,7 @@ import jax
 import optax
 
 from paraflax.training.config.train import OptimConfig
+from paraflax.training.run import layout
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -22,7 +23,9 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def _decay_mask(params):
-  return jax.tree.map(lambda p: p.ndim >= 2, params)  # matrices decay; norm scales do not
+  """Matrices (and biases) decay; norm scales do not: by rank in one layer, so a stacked
+  state (`layout.py`) decays the same leaves as a per-layer one."""
+  return jax.tree.map(lambda n: n >= 2, layout.layer_ndim(params))
 
 
 def optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:

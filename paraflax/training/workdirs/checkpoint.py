@@ -5,6 +5,11 @@ Layout of `<workdir>/checkpoints/<step>/`: `params` and `opt_state` (orbax pytre
 steps the iterator has yielded exactly `step` batches, so restoring all three resumes with
 the next unseen batch.
 
+On disk the params and optimizer state keep one entry per layer (`layers.<i>....`) whatever
+the layout in memory: a state stacked by layer (`training/run/layout.py`, what the trainer
+keeps) is unstacked to save (a per-layer copy on the devices until orbax holds it on the host)
+and stacked back on restore, placed like the tree it restores.
+
 Saving is asynchronous: `save` returns once orbax holds host copies of the arrays (the device
 to host transfer; on CPU a view that keeps the next step from reusing the donated buffers)
 and the iterator state; orbax writes them to `<step>.orbax-checkpoint-tmp` in a background
@@ -42,6 +47,7 @@ from etils import epath
 
 from paraflax.json_io import read_json, write_json
 from paraflax.paths import as_path
+from paraflax.training.run import layout
 from paraflax.training.workdirs.checksums import (
   ALGORITHM,
   ChecksumError,
@@ -170,6 +176,24 @@ class _Commit(threading.Thread):
       raise self.error
 
 
+def _shardings(tree):
+  return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def _per_layer(params, opt_state) -> tuple:
+  """(params, opt_state) as checkpoints hold them: one entry per layer (new arrays, each
+  layer placed like its stack, when they are stacked)."""
+  if not layout.is_stacked(params):
+    return params, opt_state
+  tree = (params, opt_state)
+  return jax.jit(layout.unstack, out_shardings=_shardings(layout.unstacked_like(tree)))(tree)
+
+
+def _stacked_like(tree, like):
+  """`tree` (per layer, as read) stacked and placed like `like`."""
+  return jax.jit(layout.stack, out_shardings=_shardings(like))(tree)
+
+
 def checkpoint_dir(workdir: str | os.PathLike) -> epath.Path:
   """Where orbax keeps a workdir's steps: `<workdir>/checkpoints`, local or `gs://`."""
   return as_path(workdir) / CHECKPOINTS
@@ -204,6 +228,7 @@ class Checkpoints:
     """Start saving step `step` (all three parts, or none of them); returns once the arrays
     are copied to the host: writing, committing and hashing follow in the background."""
     self.wait()  # the previous step is committed and hashed before orbax may delete it
+    params, opt_state = _per_layer(params, opt_state)
     self._mngr.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
@@ -239,7 +264,8 @@ class Checkpoints:
                                 verified) from None
 
   def restore(self, step: int, params_like, opt_state_like) -> tuple:
-    """(params, opt_state, data_state) of `step`, shaped like the given pytrees, verified.
+    """(params, opt_state, data_state) of `step`, shaped and placed like the given pytrees
+    (per layer or stacked by layer: `layout.py`), verified.
 
     A params-only step (a shipped model, a `paraflax convert` output) is refused with a clear
     message: it cannot resume the run exactly, and `init_from` trains on from its weights.
@@ -251,11 +277,15 @@ class Checkpoints:
                        "state: a shipped or converted model), so training cannot resume from "
                        f"it; train on from its weights in a fresh workdir with --set "
                        f"init_from={workdir}")
+    like = (params_like, opt_state_like)
+    stacked = layout.is_stacked(params_like)
+    target = layout.unstacked_like(like) if stacked else like
     out = self._read(step, ("params", "opt_state", "data"), dict(
-        params=ocp.args.StandardRestore(params_like),
-        opt_state=ocp.args.StandardRestore(opt_state_like),
+        params=ocp.args.StandardRestore(target[0]),
+        opt_state=ocp.args.StandardRestore(target[1]),
         data=ocp.args.JsonRestore()))
-    return out["params"], out["opt_state"], out["data"]
+    state = (out["params"], out["opt_state"])
+    return *(_stacked_like(state, like) if stacked else state), out["data"]
 
   def restore_latest(self, params_like, opt_state_like) -> tuple[int, tuple | None]:
     """(step, `restore(step, ...)`) of the newest intact step; (0, None) when none is saved.

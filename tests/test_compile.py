@@ -2,9 +2,9 @@
 whose counts are known, targets and run control resolved per target, and a micro model's
 training step and decode loop compiled for a GPU and a TPU target (deviceless, on this CPU)."""
 
-
 import dataclasses
 
+import jax
 import pytest
 
 from paraflax import decoders
@@ -15,6 +15,7 @@ from paraflax.perf.compile import costs, kernels, targets
 from paraflax.perf.compile import run as compile_run
 from paraflax.perf.rows import check
 from paraflax.perf.shapes import model_config
+from paraflax.perf.train import RECIPES
 
 # a while of 5 known trips (body: an exp fusion, a cuBLAS GEMM, a scalar add; condition: a
 # compare), an async pair around a reduction, a conditional whose branches launch 1 and 3
@@ -94,6 +95,15 @@ ENTRY %main (x: f32[8,8]) -> f32[8,8] {
 }
 """
 GEMM_FLOPS = 2 * 8 * 8 * 8  # the custom call: [8, 8] x [8, 8]
+OBJECTIVES = tuple(RECIPES)  # every objective perf compiles
+
+
+@pytest.fixture(autouse=True)
+def _default_matmul_precision():
+  """The precision a bf16 run has (`perf compile`'s, not conftest's "highest": Mosaic TPU
+  refuses splash attention's bf16 dots at "highest", "Bad lhs type")."""
+  with jax.default_matmul_precision("default"):
+    yield
 
 
 @pytest.mark.fast
@@ -164,11 +174,15 @@ def test_run_control_resolves_for_the_target_not_this_host():
 
 
 def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
-  """One training step and two decode loops (one with a drafter) per target; every TPU
-  compile in this one process (libtpu allows one)."""
+  """Every objective's training step on the GPU (DEER stage I's on the TPU: rows of W+1
+  tokens, padded to splash attention's blocks) and two decode loops (one with a drafter) per
+  target; every TPU compile in this one process (libtpu allows one). A training step runs
+  the target's fused attention kernel in every layer, and no conditional (a host sync on a
+  GPU) in any objective's step."""
   for target in ("h200", "tpu-v5e"):
     rows, log = [], []
-    plan = compile_run.CompilePlan(target=target, shape="micro", objectives=("ar",),
+    objectives = OBJECTIVES if target == "h200" else ("ar", "deer_stage1")
+    plan = compile_run.CompilePlan(target=target, shape="micro", objectives=objectives,
                                    decoders=("ar", "speculative"), batches=(2,), seq_len=256,
                                    cache_len=128, new_tokens=16)
     errors = compile_run.run(plan, rows.append, log.append)
@@ -183,8 +197,13 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
       assert sum(row["kernel_mix"].values()) >= row["kernels_per_step"]
     by = {(r["program"], r.get("objective") or r["decoder"]): r for r in rows}
     train, ar, spec = by["train", "ar"], by["decode", "ar"], by["decode", "speculative"]
-    assert set(by) == {("train", "ar"), ("decode", "ar"), ("prefill", "ar"),
-                       ("decode", "speculative")}
+    assert set(by) == {("train", o) for o in objectives} | {
+        ("decode", "ar"), ("prefill", "ar"), ("decode", "speculative")}
+    kernel = "attention:cudnn" if target == "h200" else "attention:splash_mha_fwd_residuals"
+    for name in objectives:
+      mix, layers = by["train", name]["kernel_mix"], 2  # the micro shape's layers
+      assert mix.get(kernel, 0) >= layers and "conditional" not in mix, (name, mix)
+      assert by["train", name]["host_syncs_per_step"] == 0
     assert train["host_syncs_per_step"] == 0 and train["run_control"]["platform"] == (
         "gpu" if target == "h200" else "tpu")
     assert train["flops_per_step"] >= train["model_flops_per_step"] > 0

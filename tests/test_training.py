@@ -217,9 +217,11 @@ def test_micro_run_learns_and_writes_its_artifacts(trained, micro_cfg):
   assert summary["flops_per_step"] == flops and summary["tflops_per_device"] > 0
   assert (workdir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert (workdir / "tokenizer.json").is_file() and (workdir / "config.json").is_file()
-  # the run control as resolved, naming the platform and device it was resolved for
+  # the run control as resolved, naming the platform and device it was resolved for; on the
+  # CPU (no memory figure) nothing is fitted (`fit.py`): "auto" keeps its static rules
   assert json.loads((workdir / "run_control.json").read_text()) == {
       **micro_cfg.run.resolved(micro_cfg.model, micro_cfg.data.seq_len), "platform": "cpu",
+      "loss_chunk": None, "grad_accum": micro_cfg.grad_accum, "fit": [],
       "device": jax.devices()[0].device_kind}
 
 

@@ -17,7 +17,8 @@ implementation:
                lengths are padded to its multiple (`_padded`; padding keys are never seen).
   triton       tokamax Pallas Triton flash attention (GPU).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
-               mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel).
+               mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);
+               lengths padded to multiples of `CUDNN_BLOCK`, as splash attention's.
   auto         `resolve`: static in (backend, compute dtype, max_seq_len) plus the decode
                rule; what it picks per backend, and where a device verified it:
                docs/kernels.md.
@@ -53,6 +54,7 @@ ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
 DENSE_MAX_LEN = 1024  # on CPU / float32, models with max_seq_len up to this run dense xla
 KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
+CUDNN_BLOCK = 64  # cuDNN's backward declines lengths such as 257 ("vjp not implemented")
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
 
@@ -112,7 +114,7 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
   if "mask" in arrays:
     arrays["mask"] = jnp.broadcast_to(arrays["mask"], (*q_BxTxHxD.shape[:2], k.shape[1]))
-  block = KERNEL_BLOCK if "mosaic" in kernel else 1
+  block = KERNEL_BLOCK if "mosaic" in kernel else CUDNN_BLOCK if "cudnn" in kernel else 1
 
   def call(q, k, v, arrays):
     q, k, v, arrays = _padded(q, k, v, causal, arrays, block)

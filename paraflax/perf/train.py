@@ -57,7 +57,8 @@ def run_control(cfg) -> dict:
   from paraflax.training.objectives.head_loss import chunk_size
   d, run = cfg.data, cfg.run
   return {**run.resolved(cfg.model, d.seq_len),
-          "loss_chunk": chunk_size(run.loss_chunk, d.batch_size, d.seq_len, cfg.model.vocab_size)}
+          "loss_chunk": chunk_size(run.loss_chunk, d.batch_size, d.seq_len, cfg.model.vocab_size),
+          "grad_accum": cfg.grad_accum}
 
 
 def memory_limit_gib() -> float:
@@ -69,26 +70,30 @@ def memory_limit_gib() -> float:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 / GIB
 
 
-def measure_step(cfg, steps: int, max_gib: float) -> dict:
-  """Init, compile and run `steps` training steps of `cfg` on a synthetic batch: the figures
-  (`step_s`: the fastest step), or {"skipped": why} when XLA needs more than `max_gib`."""
+def measure_step(cfg, steps: int, max_gib: float, compiled=None) -> dict:
+  """Init, compile (unless `compiled`, the step already compiled for these shapes) and run
+  `steps` training steps of `cfg` on a synthetic batch: the figures (`step_s`: the fastest
+  step), or {"skipped": why} when XLA needs more than `max_gib`."""
   import jax
 
   from paraflax.perf.batches import synthetic_batch
   from paraflax.training.objectives.protocol import objective
   from paraflax.training.run import optim
   from paraflax.training.run.dry_run import memory_report
-  from paraflax.training.run.step import init_opt_state, init_params, jit_train_step
+  from paraflax.training.run.step import (init_opt_state, init_params, jit_train_step,
+                                          stack_params)
   graphdef, params = init_params(cfg.model, seed=0, run=cfg.run)
+  params = stack_params(params)  # the layout `train` keeps (`training/run/layout.py`)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.block_until_ready(init_opt_state(tx, params))
   batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(cfg).items()}
   key = jax.random.key(0)
   step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx)
   t0 = time.perf_counter()
-  compiled = step.lower(params, opt_state, batch, key).compile()
+  fresh = compiled is None
+  compiled = compiled or step.lower(params, opt_state, batch, key).compile()
   report = {"params": int(sum(x.size for x in jax.tree.leaves(params))),
-            "compile_s": time.perf_counter() - t0}
+            "compile_s": time.perf_counter() - t0 if fresh else None}
   need = memory_report(compiled).get("total_bytes", 0) / GIB
   report["xla_gib"] = need
   if need > max_gib:
@@ -112,6 +117,8 @@ def run(plan: TrainPlan, add, log) -> list[str]:
   """One row per objective (`add` takes each as it is measured); the errors of the
   objectives that failed or fit at no length (the others still run)."""
   import jax
+
+  from paraflax.training.run.dry_run import fit_to_device
   unknown = [o for o in plan.objectives if o not in RECIPES]
   if unknown:
     raise ValueError(f"unknown objective {unknown[0]!r}: pick from {', '.join(RECIPES)}")
@@ -123,8 +130,8 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     seq = plan.seq_len
     try:
       while True:
-        cfg = recipe(name, plan, seq)
-        r = measure_step(cfg, plan.steps, max_gib)
+        cfg, _, compiled = fit_to_device(recipe(name, plan, seq))  # "auto" memory choices
+        r = measure_step(cfg, plan.steps, max_gib, compiled)
         if "skipped" not in r or seq <= 256:
           break
         log(f"[train] {name} at {seq} tokens: {r['skipped']}; halving")

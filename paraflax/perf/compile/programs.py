@@ -42,12 +42,20 @@ def _compile(lower, target: targets.Target, mesh: Mesh | None = None) -> Compile
   return Compiled(compiled.as_text(), memory, time.perf_counter() - t0)
 
 
-def train_step(cfg, target: targets.Target) -> Compiled:
-  """The training step of `cfg` (its run control resolved for the target's platform) on the
-  target's mesh."""
+def train_step(cfg, target: targets.Target):
+  """(the compiled training step of `cfg` on the target's mesh, the config it compiled:
+  its run control resolved for the target's platform, its "auto" memory choices made by
+  XLA's memory analysis against the target's memory, `fit.fitted`)."""
+  from paraflax.training.run import fit
   from paraflax.training.run.dry_run import lower_step
   mesh = mesh_of(target)  # the step is traced on it (`jit_train_step`)
-  return _compile(lambda: lower_step(cfg, mesh)[0], target)
+  compiled = []
+
+  def memory_of(c):
+    compiled.append(_compile(lambda: lower_step(c, mesh)[0], target))
+    return compiled[-1].memory
+  cfg, _ = fit.fitted(cfg, memory_of, target.capacity)
+  return (compiled[-1] if compiled else _compile(lambda: lower_step(cfg, mesh)[0], target)), cfg
 
 
 def abstract_model(cfg, run):

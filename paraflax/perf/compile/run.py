@@ -107,7 +107,7 @@ def train_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log, 
     try:
       cfg = apply_overrides(recipe(name, train_plan, plan.seq_len),
                             {"run.platform": target.platform})
-      compiled = programs.train_step(cfg, target)
+      compiled, cfg = programs.train_step(cfg, target)
       save_hlo(plan, f"train_{name}_{plan.batch}x{plan.seq_len}", compiled.text)
       row = {**head, "program": "train", "objective": name, "batch": plan.batch,
              "seq_len": plan.seq_len, "defaults": not run_control(plan),

@@ -125,9 +125,21 @@ def devices(target: Target) -> tuple:
 def compiling_for(target: Target):
   """Trace and compile for `target`: its first device is JAX's default device (Pallas and
   Triton kernels read it), and tokamax lowers its kernels for it instead of checking the
-  host's devices (`tokamax.config.cross_compile`)."""
+  host's devices (`tokamax.config.cross_compile`), its default configs unannounced (no
+  device here to autotune on: each kernel would log an autotuning cache miss)."""
+  import logging
+
   import jax
 
   from paraflax.model.attention import tokamax_module
-  with jax.default_device(devices(target)[0]), tokamax_module().config.cross_compile(True):
-    yield
+  absl = logging.getLogger("absl")
+  absl.addFilter(_no_autotuning_misses)
+  try:
+    with jax.default_device(devices(target)[0]), tokamax_module().config.cross_compile(True):
+      yield
+  finally:
+    absl.removeFilter(_no_autotuning_misses)
+
+
+def _no_autotuning_misses(record) -> bool:
+  return not record.getMessage().startswith("Autotuning cache miss")

@@ -28,7 +28,7 @@ from paraflax.model.transformer import Transformer
 from paraflax.parallel import sharding
 from paraflax.training.config.train import TrainConfig, apply_overrides, load_config
 from paraflax.training.objectives.protocol import STEP, objective
-from paraflax.training.run import flops, optim
+from paraflax.training.run import fit, flops, layout, optim
 from paraflax.training.run.step import jit_train_step
 
 # report key -> CompiledMemoryStats attribute
@@ -53,9 +53,11 @@ def abstract_batch(cfg: TrainConfig, mesh=None) -> dict[str, jax.ShapeDtypeStruc
 
 def abstract_state(cfg: TrainConfig, mesh=None):
   """(graphdef, params, tx, opt_state) with every array a `ShapeDtypeStruct` (sharded on
-  `mesh` as `train` shards them): nothing allocated."""
+  `mesh` as `train` shards them), params and optimizer state stacked by layer as `train`
+  keeps them (`layout.py`): nothing allocated."""
   graphdef, params = nnx.split(
       nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0), run=cfg.run)), nnx.Param)
+  params = jax.eval_shape(layout.stack, params)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   opt_state = jax.eval_shape(tx.init, params)
   if mesh is not None:
@@ -88,17 +90,33 @@ def lower_step(cfg: TrainConfig, mesh=None):
   return step.lower(params, opt_state, batch, key), params, batch
 
 
+def fit_to_device(cfg: TrainConfig, mesh=None, capacity: int | None = None):
+  """(`cfg` with its "auto" memory choices made by `fit.fitted`, the candidates tried, the
+  chosen step compiled or None): each candidate compiled on `mesh` with abstract shapes,
+  against `capacity` bytes per device (None: this process's device; on the CPU, which
+  reports none, `cfg` is returned as it is)."""
+  compiled = []
+
+  def memory_of(c):
+    compiled.append(lower_step(c, mesh)[0].compile())
+    return memory_report(compiled[-1])
+  cfg, tried = fit.fitted(cfg, memory_of, fit.device_memory() if capacity is None else capacity)
+  return cfg, tried, compiled[-1] if compiled else None
+
+
 def dry_run(cfg: TrainConfig) -> dict:
   """Compile one training step of `cfg` (abstract shapes, on its mesh) and return its
   report: params (count), devices, mesh, objective, batch_size, seq_len, memory per device
   (`MEMORY` keys, bytes, from `compiled.memory_analysis()`; `total_bytes` = arguments +
-  outputs - aliased (donated) + temporaries), flops_per_step, lower_s and compile_s (lowering
-  + XLA compilation)."""
+  outputs - aliased (donated) + temporaries), the run control with "auto" resolved (on an
+  accelerator by `fit_to_device`: `fit` lists the candidates tried), flops_per_step, lower_s
+  and compile_s (fitting, lowering and XLA compilation)."""
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   t0 = time.perf_counter()
+  cfg, tried, compiled = fit_to_device(cfg, mesh)
   lowered, params, batch = lower_step(cfg, mesh)
   t1 = time.perf_counter()
-  compiled = lowered.compile()
+  compiled = compiled or lowered.compile()
   t2 = time.perf_counter()
   return {"objective": cfg.objective, "data_source": cfg.data_source,
           "params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
@@ -110,6 +128,8 @@ def dry_run(cfg: TrainConfig) -> dict:
           "batch": {k: [list(v.shape), str(v.dtype)] for k, v in batch.items()},
           "model_dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype,
           **memory_report(compiled),
+          "run_control": {**cfg.run.resolved(cfg.model, cfg.data.seq_len),
+                          "loss_chunk": cfg.run.loss_chunk}, "fit": tried,
           "flops_per_step": flops.train_flops(cfg.model, cfg.objective, cfg.data.batch_size,
                                               cfg.data.seq_len, cfg.objective_args),
           "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t0, 3)}

@@ -2,7 +2,8 @@
 
 `train(cfg, workdir)` writes into `workdir` (see `workdirs/workdir.py`):
     config.json     the TrainConfig (`TrainConfig.from_dict` reads it back)
-    run_control.json  the run control as resolved, and the platform and device it was for
+    run_control.json  the run control as resolved (on an accelerator, the memory choices
+                      fitted by `fit.py`, the candidates tried), the platform and device
     tokenizer.json  the tokenizer the data was encoded with
     metrics.jsonl   one object per logged step and per validation (see `metrics.py`); a
                     step's carries tokens_per_s, tflops_per_device and mfu (`flops.py`)
@@ -57,6 +58,7 @@ from paraflax.training.config.train import (
 )
 from paraflax.training.objectives.protocol import STEP, objective
 from paraflax.training.run import flops, interrupt, optim
+from paraflax.training.run.dry_run import fit_to_device
 from paraflax.training.run.metrics import METRICS, MetricsLog, batch_fingerprint, plot_losses
 from paraflax.training.run.profile import PROFILE_DIR, StepTrace
 from paraflax.training.run.step import (  # noqa: F401
@@ -67,6 +69,7 @@ from paraflax.training.run.step import (  # noqa: F401
   jit_train_step,
   keys,
   mean_loss,
+  stack_params,
   train_step,
 )
 from paraflax.training.workdirs import lock
@@ -171,6 +174,12 @@ def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mes
   progress = progress and main
   data = _checked_data(cfg, workdir, main, progress)
   it = data.train
+  cfg, tried, _ = fit_to_device(cfg, mesh)  # "auto" memory choices (an accelerator's only)
+  if main:
+    write_json(workdir / RUN_CONTROL, {**cfg.run.resolved(cfg.model, cfg.data.seq_len),
+                                       "loss_chunk": cfg.run.loss_chunk,
+                                       "grad_accum": cfg.grad_accum, "fit": tried,
+                                       "device": jax.devices()[0].device_kind})
 
   place = (lambda b: b) if mesh is None else (lambda b: sharding.shard_batch(b, mesh))
   place_key = (lambda k: k) if mesh is None else (
@@ -283,18 +292,18 @@ def _checked_data(cfg: TrainConfig, workdir: epath.Path, main: bool, progress: b
   check_init_from(cfg, tokenizer, data.tokenizer_source)
   if main:
     write_json(workdir / CONFIG, cfg.to_dict())
-    write_json(workdir / RUN_CONTROL, {**cfg.run.resolved(cfg.model, cfg.data.seq_len),
-                                       "device": jax.devices()[0].device_kind})
     tokenizer.save(workdir / TOKENIZER)
   return data
 
 
 def _initial_state(cfg: TrainConfig, mesh):
-  """(graphdef, params, tx, opt_state) before any step: fresh params or `init_from`'s."""
+  """(graphdef, params, tx, opt_state) before any step: fresh params or `init_from`'s,
+  stacked by layer (`layout.py`: the optimizer's update in a few kernels)."""
   if cfg.init_from is None:
     graphdef, params = init_params(cfg.model, cfg.seed, mesh, cfg.run)
   else:
     graphdef, params = initial_params(cfg, mesh)
+  params = stack_params(params, mesh)
   tx = optim.optimizer(cfg.optim, cfg.schedule_steps)
   return graphdef, params, tx, init_opt_state(tx, params, mesh)
 

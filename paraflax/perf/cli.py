@@ -9,13 +9,16 @@ import shlex
 from pathlib import Path
 
 from paraflax.model.run import RunControl
-from paraflax.perf import decode, family, slots, train
+from paraflax.perf import decode, family, numerics, slots, train
 from paraflax.perf.compile import run as compile_run
 from paraflax.perf.compile.targets import TARGETS
 from paraflax.training.config.fields import field_types
 from paraflax.training.config.overrides import parse
 
-PARTS = {"slots": (slots.SlotsPlan, slots.run, "the slot cost c(k) of a k-slot decode forward"),
+PARTS = {"numerics": (numerics.NumericsPlan, numerics.run, "the numerics of the device's own "
+                      "paths: each objective's loss and gradient against the dense path, every "
+                      "decoder's greedy tokens against AR's"),
+         "slots": (slots.SlotsPlan, slots.run, "the slot cost c(k) of a k-slot decode forward"),
          "decode": (decode.DecodePlan, decode.run, "every decoder vs AR: ms/step against the "
                     "weight-read floor, tokens/forward, tokens/s, exactness"),
          "train": (train.TrainPlan, train.run, "one training step per objective: step time, "
@@ -70,7 +73,12 @@ FLAGS = {
     "decoders": (_names, "decoders by CLI name (default: every generate decoder)"),
     "prompt_len": (int, "prompt tokens (default 64)"),
     "new_tokens": (int, "new tokens per row (decode 512, family 128, compile 64)"),
-    "profile": (str, "a directory: trace one call per decoder, its summary in the row"),
+    "profile": (str, "a directory: trace one call per decoder (train: one step per objective), "
+                     "its summary in the row"),
+    "profile_decoders": (_names, "the decoders --profile traces (default: every one)"),
+    "reference": (str, "the reference attention path (default xla, the dense one)"),
+    "loss_rtol": (float, "tolerance of the loss, relative (default 2e-2)"),
+    "grad_rtol": (float, "tolerance of the gradient, relative L2 (default 5e-2)"),
     "objectives": (_names, "objectives (default: ar, jacobi_forcing, tidar, deer_stage1, "
                            "deer_stage2, asarm)"),
     "batch": (int, "training rows per batch (train: 1; family: each recipe's)"),

@@ -35,6 +35,7 @@ class DecodePlan:
   transformers: bool = False  # add transformers' `generate` on the same weights (rows
   #   with decoder "transformers"), through a Hugging Face directory
   profile: str | None = None  # a directory: one traced call per decoder, its summary in the row
+  profile_decoders: tuple | None = None  # the decoders `profile` traces (None: every one)
   cost: bool = False  # XLA's cost analysis of each decoder's step (one more compile each)
 
 
@@ -126,9 +127,10 @@ def run(plan: DecodePlan, add, log) -> list[str]:
           continue  # the reference only
         if plan.cost:
           r.update(step_cost(model, m, b, plan, drafts.get(m.drafter)))
-        if plan.profile:
+        if plan.profile and m.name in (plan.profile_decoders or plan.decoders):
           from paraflax.perf.trace import profiled
           r["trace"] = profiled(call, Path(plan.profile), f"{m.name}_batch{b}")
+          r["kernels_per_step"] = r["trace"].get("device_events", 0) / max(r["steps"], 1)
         per = resolve_steps_per_iter(None, m.make(), plan.new_tokens, model.run.backend())
         row = add({**head, "decoder": m.name, "settings": m.describe(), "batch": b,
                    "steps_per_iter": per, **r,

@@ -13,9 +13,11 @@ import os
 
 from paraflax.json_io import read_json
 
-KINDS = ("slots", "decode", "train", "family", "compile")
+KINDS = ("numerics", "slots", "decode", "train", "family", "compile")
 COMMON = ("kind", "device", "backend", "jax", "shape", "dtype")
 REQUIRED = {
+    # a check of a device's numerics against a reference (`perf numerics`): `ok` if it held
+    "numerics": ("check", "ok"),
     "slots": ("cache_len", "batch", "slots", "mask", "forward_ms", "vs_one_slot"),
     "decode": ("decoder", "batch", "new_tokens", "ms_per_step", "tokens_per_forward",
                "tokens_per_s", "exact_vs_ar"),
@@ -30,6 +32,8 @@ REQUIRED = {
 # the fields that say what a row measured: rows equal in these (and in `kind`, `shape`,
 # `dtype`) are the same measurement, and a later one replaces the earlier
 SETTING = {
+    "numerics": ("check", "objective", "decoder", "settings", "batch", "seq_len", "layers",
+                 "attention", "new_tokens"),
     "slots": ("cache_len", "batch", "slots", "mask", "attention"),
     "decode": ("decoder", "settings", "batch", "prompt_len", "new_tokens", "loop", "xla_flags"),
     "train": ("objective", "batch", "seq_len", "attention", "remat", "scan_layers", "variant"),

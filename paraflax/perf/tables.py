@@ -40,6 +40,20 @@ def mix_summary(r: dict) -> str:
 
 
 COLUMNS = {
+    "numerics": [("shape", lambda r: r["shape"]), ("dtype", lambda r: r["dtype"]),
+                 ("check", lambda r: r["check"]),
+                 ("objective / decoder", lambda r: r.get("objective") or r.get("decoder")),
+                 ("batch x tokens", lambda r: f"{r['batch']} x "
+                                              f"{r.get('seq_len') or r.get('new_tokens')}"),
+                 ("path vs reference", lambda r: f"{r['attention']} vs {r['reference']}"
+                  if "attention" in r else "greedy vs greedy AR"),
+                 ("loss rel", lambda r: fmt(r.get("loss_rel"), ".1e")),
+                 ("grad rel L2 (cos)", lambda r: "-" if "grad_rel_l2" not in r else
+                  f"{r['grad_rel_l2']:.1e} ({r['grad_cos']:.5f})"),
+                 ("exact vs AR", lambda r: fmt(r.get("exact_vs_ar"))),
+                 ("tolerance", lambda r: f"{r['loss_rtol']:g} / {r['grad_rtol']:g}"
+                  if "loss_rtol" in r else "token equal"),
+                 ("ok", lambda r: "yes" if r["ok"] else "**no**")],
     "slots": [("shape", lambda r: r["shape"]), ("dtype", lambda r: r["dtype"]),
               ("cache", lambda r: r["cache_len"]), ("batch", lambda r: r["batch"]),
               ("slots", lambda r: r["slots"]), ("mask", lambda r: r["mask"]),

@@ -39,6 +39,7 @@ class TrainPlan:
   remat: str | None = None
   scan_layers: bool | str | None = None
   max_gib: float | None = None  # a step needing more is not run (None: the device's memory)
+  profile: str | None = None  # a directory: one traced step per objective, its summary in the row
 
 
 def recipe(objective: str, plan: TrainPlan, seq_len: int):
@@ -70,10 +71,12 @@ def memory_limit_gib() -> float:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 / GIB
 
 
-def measure_step(cfg, steps: int, max_gib: float, compiled=None) -> dict:
+def measure_step(cfg, steps: int, max_gib: float, compiled=None, profile=None) -> dict:
   """Init, compile (unless `compiled`, the step already compiled for these shapes) and run
   `steps` training steps of `cfg` on a synthetic batch: the figures (`step_s`: the fastest
-  step), or {"skipped": why} when XLA needs more than `max_gib`."""
+  step), or {"skipped": why} when XLA needs more than `max_gib`. With `profile` (a directory)
+  one more step is traced there: `trace` is its summary (`perf.trace.profiled`), whose
+  `device_events` are the kernels the step ran."""
   import jax
 
   from paraflax.perf.batches import synthetic_batch
@@ -108,6 +111,16 @@ def measure_step(cfg, steps: int, max_gib: float, compiled=None) -> dict:
       moved = sum(not np.array_equal(a, np.asarray(x.ravel()[:256]))
                   for a, x in zip(before, jax.tree.leaves(params)))
       first = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  if profile:
+    from pathlib import Path
+
+    from paraflax.perf.trace import profiled
+    state = [params, opt_state]
+
+    def one_step():  # the step donates its state: carry the new one
+      state[:] = compiled(*state, batch, key)[:2]
+      return state
+    report["trace"] = profiled(one_step, Path(profile), f"train_{cfg.objective}")
   return {**report, "step_s": min(times), "first_step_s": times[0], "loss": first["loss"],
           "grad_norm": first["grad_norm"], "params_moved": f"{moved}/{len(before)}",
           "finite": bool(np.isfinite(first["loss"]) and np.isfinite(first["grad_norm"]))}
@@ -131,7 +144,7 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     try:
       while True:
         cfg, _, compiled = fit_to_device(recipe(name, plan, seq))  # "auto" memory choices
-        r = measure_step(cfg, plan.steps, max_gib, compiled)
+        r = measure_step(cfg, plan.steps, max_gib, compiled, plan.profile)
         if "skipped" not in r or seq <= 256:
           break
         log(f"[train] {name} at {seq} tokens: {r['skipped']}; halving")

@@ -186,10 +186,20 @@ def _dlogits(p_BxCxV, soft_BxCxV, y_BxCxK, a_BxCxK, c_BxC, dtype):
   return g.astype(dtype)
 
 
+def _einsum_f32(spec: str, a, b):
+  """`einsum` accumulated and returned in float32. XLA:CPU's dot thunk has no 16-bit x 16-bit =
+  float32 product, so a CPU casts the operands first: the same products (one of two 16-bit
+  floats is exact in float32), summed in float32."""
+  mixed = lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  cast = lambda a, b: jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32),
+                                 precision=jax.lax.Precision.HIGHEST)
+  return jax.lax.platform_dependent(a, b, cpu=cast, default=mixed)
+
+
 def _head_grads(x_BxCxD, w_c, dz_BxCxV):
   """(dx in x's dtype, dw float32 `[D, V]`) of the logits' gradient `dz`."""
-  dx = jnp.einsum("bcv,dv->bcd", dz_BxCxV, w_c, preferred_element_type=jnp.float32)
-  dw = jnp.einsum("bcd,bcv->dv", x_BxCxD, dz_BxCxV, preferred_element_type=jnp.float32)
+  dx = _einsum_f32("bcv,dv->bcd", dz_BxCxV, w_c)
+  dw = _einsum_f32("bcd,bcv->dv", x_BxCxD, dz_BxCxV)
   return dx.astype(x_BxCxD.dtype), dw
 
 

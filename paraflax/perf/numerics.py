@@ -1,0 +1,132 @@
+"""`paraflax perf numerics`: the numerics of the paths a device picks, against references.
+
+- Per objective: the loss and the gradient of one batch with the attention under test (None:
+  "auto", which resolves to the device's fused kernel: cuDNN on a GPU in 16-bit) against the
+  dense reference (`reference`, "xla") on the same parameters and batch, in the compute dtype.
+  A row states its tolerance and whether it held.
+- Per generate decoder: greedy tokens equal to greedy AR's, token for token, in float32 with
+  "highest" matmuls (`perf decode`'s `exact_vs_ar` at the plan's shape), the decoders' own
+  settings.
+
+One row of kind `numerics` per check (`check`: "loss_grad" or "greedy_equal_ar").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from paraflax import methods
+from paraflax.perf import decode
+from paraflax.perf.train import RECIPES, TrainPlan, recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericsPlan:
+  shape: str = "micro"
+  layers: int | None = None
+  dtype: str = "bfloat16"  # the objectives' compute dtype (decoders: float32, "highest")
+  objectives: tuple = tuple(RECIPES)
+  batch: int = 1
+  seq_len: int = 256
+  attention: str | None = None  # the kernel under test; None: "auto" for this device
+  reference: str = "xla"  # the dense path
+  decoders: tuple = tuple(methods.names())
+  batches: tuple = (1, 4)  # the decoders' batches
+  new_tokens: int = 48
+  loss_rtol: float = 2e-2  # |loss - reference| / |reference|
+  grad_rtol: float = 5e-2  # ||grad - reference|| / ||reference||, over every parameter
+
+
+def loss_and_grad(cfg, attention: str, params, graphdef, batch, key):
+  """The objective's loss and gradient of `params` on `batch`, attention `attention`."""
+  import jax
+  from flax import nnx
+
+  from paraflax.training.objectives.protocol import objective
+  loss_fn = objective(cfg.objective).bind(cfg.objective_args)
+  run = dataclasses.replace(cfg.run, attention=attention)
+
+  def loss(p):
+    model = nnx.merge(graphdef, p)
+    model.run = run
+    return loss_fn(model, batch, key)[0]
+
+  return jax.device_get(jax.jit(jax.value_and_grad(loss))(params))
+
+
+def compare(loss, grad, ref_loss, ref_grad) -> dict:
+  """The loss's relative difference; the gradient's relative L2 difference, cosine and largest
+  absolute difference, over every parameter."""
+  import jax
+  flat = lambda t: np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(t)])
+  g, r = flat(grad), flat(ref_grad)
+  norm = np.linalg.norm(r)
+  return {"loss": float(loss), "loss_ref": float(ref_loss),
+          "loss_rel": float(abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)),
+          "grad_rel_l2": float(np.linalg.norm(g - r) / max(norm, 1e-30)),
+          "grad_cos": float(g @ r / max(np.linalg.norm(g) * norm, 1e-30)),
+          "grad_max_abs": float(np.max(np.abs(g - r)))}
+
+
+def objective_row(name: str, plan: NumericsPlan) -> dict:
+  import jax
+
+  from paraflax.perf.batches import synthetic_batch
+  from paraflax.training.run.step import init_params
+  tp = TrainPlan(shape=plan.shape, layers=plan.layers, dtype=plan.dtype, batch=plan.batch,
+                 seq_len=plan.seq_len, attention=plan.attention)
+  cfg = recipe(name, tp, plan.seq_len)
+  graphdef, params = init_params(cfg.model, seed=0, run=cfg.run)
+  batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(cfg).items()}
+  key = jax.random.key(0)
+  attention = cfg.run.resolved(cfg.model, plan.seq_len)["attention"]
+  got = loss_and_grad(cfg, cfg.run.attention, params, graphdef, batch, key)
+  ref = loss_and_grad(cfg, plan.reference, params, graphdef, batch, key)
+  r = compare(*got, *ref)
+  ok = r["loss_rel"] <= plan.loss_rtol and r["grad_rel_l2"] <= plan.grad_rtol
+  return {"check": "loss_grad", "objective": name, "layers": cfg.model.n_layers,
+          "batch": plan.batch, "seq_len": plan.seq_len, "attention": attention,
+          "reference": plan.reference, **r, "loss_rtol": plan.loss_rtol,
+          "grad_rtol": plan.grad_rtol, "ok": bool(ok and np.isfinite(r["loss"]))}
+
+
+def run(plan: NumericsPlan, add, log) -> list[str]:
+  """One row per objective, then one per (decoder, batch); the errors of the checks that
+  failed to run (the others still run). A check that ran and missed its tolerance is a row
+  with `ok` false, and an error too."""
+  errors = []
+  for name in plan.objectives:
+    if name not in RECIPES:
+      raise ValueError(f"unknown objective {name!r}: pick from {', '.join(RECIPES)}")
+  for name in plan.objectives:
+    try:
+      row = add({"kind": "numerics", "shape": plan.shape, "dtype": plan.dtype,
+                 **objective_row(name, plan)})
+    except Exception as e:  # one objective's failure is a finding; the others still run
+      errors.append(f"numerics: {name}: {type(e).__name__}: {e}"[:400])
+      log(errors[-1])
+      continue
+    log(f"[numerics] {name} {row['attention']} vs {row['reference']}: loss rel "
+        f"{row['loss_rel']:.2e}, grad rel L2 {row['grad_rel_l2']:.2e} (cos "
+        f"{row['grad_cos']:.5f}): {'ok' if row['ok'] else 'OUT OF TOLERANCE'}")
+    if not row["ok"]:
+      errors.append(f"numerics: {name}: {row['attention']} differs from {row['reference']} "
+                    f"beyond tolerance")
+  if plan.decoders:
+    def greedy_row(r):
+      row = add({"kind": "numerics", "check": "greedy_equal_ar", "shape": plan.shape,
+                 "dtype": "float32", "decoder": r["decoder"], "settings": r["settings"],
+                 "batch": r["batch"], "new_tokens": r["new_tokens"],
+                 "exact_vs_ar": r["exact_vs_ar"], "tokens_per_forward":
+                 r["tokens_per_forward"], "ok": r["exact_vs_ar"] == 1.0})
+      if not row["ok"]:
+        errors.append(f"numerics: {r['decoder']} batch {r['batch']}: greedy tokens differ "
+                      f"from AR's in {1 - r['exact_vs_ar']:.0%} of rows")
+      return {**r, **row}  # `decode.run` logs its timing fields
+    dp = decode.DecodePlan(shape=plan.shape, layers=plan.layers, dtype="float32",
+                           decoders=plan.decoders, batches=plan.batches,
+                           new_tokens=plan.new_tokens, repeats=1)
+    errors += decode.run(dp, greedy_row, log)
+  return errors

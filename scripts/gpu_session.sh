@@ -40,9 +40,9 @@ part() {
 }
 small=$([ "$SHAPE" = micro ] && echo "--seq-len 256 --steps 2" || echo "--steps 3")
 # DECODERS=a,b (or empty) limits part 1's greedy checks (a rerun whose first call made them)
-part 90 numerics_micro.json numerics --shape micro --batches 3 ${DECODERS+--decoders "$DECODERS"}
-part 190 train.json train --shape "$SHAPE" $small --profile /tmp/gpu_session_traces
-part 170 decode.json decode --shape "$SHAPE" --dtype bfloat16 --new-tokens 256 --repeats 2 \
+part 60 numerics_micro.json numerics --shape micro --batches 3 ${DECODERS+--decoders "$DECODERS"}
+part 180 train.json train --shape "$SHAPE" $small --profile /tmp/gpu_session_traces
+part 150 decode.json decode --shape "$SHAPE" --dtype bfloat16 --new-tokens 256 --repeats 2 \
   --profile /tmp/gpu_session_traces --profile-decoders ar
 part 60 numerics_0.5b.json numerics --shape "$SHAPE" --layers 4 --seq-len 1024 --decoders ""
 grep -E "^\[|failed|Error" "$LOG" | tail -40

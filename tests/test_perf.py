@@ -197,8 +197,12 @@ def test_decode_rows_are_exact_against_ar(tmp_path, capsys):
 def test_train_row_has_mfu_fields_and_the_run_control(tmp_path):
   path = tmp_path / "train.json"
   assert cli.main(["perf", "train", "--shape", "micro", "--objectives", "ar", "--seq-len",
-                   "64", "--steps", "1", "--json", str(path)]) == 0
+                   "64", "--steps", "1", "--profile", str(tmp_path / "traces"), "--json",
+                   str(path)]) == 0
   [r] = _rows(path)
+  assert r["defaults"] and r["compile_s"] > 0  # no run-control flag given
+  assert r["trace"]["device_events"] == 0  # one more step traced: a CPU has no device rows
+  assert (tmp_path / "traces" / "profile_train_ar.json.gz").exists()
   assert r["objective"] == "ar" and r["batch"] == 1 and r["seq_len"] == 64 and r["finite"]
   assert r["tokens_per_s"] == pytest.approx(64 / r["step_s"])
   cfg = train.recipe("ar", train.TrainPlan(shape="micro"), 64).model

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from paraflax.model.run import RunControl
-from paraflax.perf import decode, family, numerics, slots, train
+from paraflax.perf import calibrate, decode, family, numerics, slots, train
 from paraflax.perf.compile import run as compile_run
 from paraflax.perf.compile.targets import TARGETS
 from paraflax.training.config.fields import field_types
@@ -27,7 +27,10 @@ PARTS = {"numerics": (numerics.NumericsPlan, numerics.run, "the numerics of the 
                     "larger shape, then every bench method"),
          "compile": (compile_run.CompilePlan, compile_run.run, "every training step and decode "
                      "loop compiled for a GPU or TPU target on this host: kernels, host syncs, "
-                     "memory, bytes (nothing runs)")}
+                     "memory, bytes (nothing runs)"),
+         "calibrate": (calibrate.CalibratePlan, calibrate.run, "each program measured on a "
+                       "device (traced) beside its compile row: kernels measured / compiled, "
+                       "ms per kernel")}
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -76,6 +79,8 @@ FLAGS = {
     "profile": (str, "a directory: trace one call per decoder (train: one step per objective), "
                      "its summary in the row"),
     "profile_decoders": (_names, "the decoders --profile traces (default: every one)"),
+    "measured": (str, "a device's perf JSON file (train / decode rows with traces)"),
+    "compiled": (str, "the compile rows of its target (default docs/compile/h200.json)"),
     "reference": (str, "the reference attention path (default xla, the dense one)"),
     "loss_rtol": (float, "tolerance of the loss, relative (default 2e-2)"),
     "grad_rtol": (float, "tolerance of the gradient, relative L2 (default 5e-2)"),
@@ -153,6 +158,10 @@ def run(args, argv) -> int:
     from paraflax.perf.compile.targets import parse
     target = parse(plan.target)
     env = {"device": target.device_kind, "backend": target.platform, "jax": jax.__version__}
+  if args.part == "calibrate" and plan.measured:  # rows of the device that measured
+    from paraflax.perf.rows import read_rows
+    first = read_rows(plan.measured)[0]
+    env = {k: first[k] for k in ("device", "backend", "jax")}
   report = Report(args.json, args.md, "paraflax " + " ".join(map(shlex.quote, argv)), env)
   log = lambda s: print(s, flush=True)
   log(f"perf {args.part} on {report.env['device']} ({report.env['backend']}), "

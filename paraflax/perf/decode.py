@@ -133,6 +133,7 @@ def run(plan: DecodePlan, add, log) -> list[str]:
           r["kernels_per_step"] = r["trace"].get("device_events", 0) / max(r["steps"], 1)
         per = resolve_steps_per_iter(None, m.make(), plan.new_tokens, model.run.backend())
         row = add({**head, "decoder": m.name, "settings": m.describe(), "batch": b,
+                   "defaults": plan.attention is None,
                    "steps_per_iter": per, **r,
                    "speedup_vs_ar": r["tokens_per_s"] / ar["tokens_per_s"],
                    "exact_vs_ar": same_rows(ar["rows"], rows), "weight_bytes": weight_bytes,

@@ -13,7 +13,7 @@ import os
 
 from paraflax.json_io import read_json
 
-KINDS = ("numerics", "slots", "decode", "train", "family", "compile")
+KINDS = ("numerics", "slots", "decode", "train", "family", "compile", "calibration")
 COMMON = ("kind", "device", "backend", "jax", "shape", "dtype")
 REQUIRED = {
     # a check of a device's numerics against a reference (`perf numerics`): `ok` if it held
@@ -28,6 +28,9 @@ REQUIRED = {
     "compile": ("compiled_only", "target", "program", "batch", "defaults", "run_control",
                 "kernels_per_step", "kernel_mix", "host_syncs_per_step", "memory",
                 "bytes_per_step", "flops_per_step", "compile_s"),
+    # a measured program beside its compile row (`perf calibrate`)
+    "calibration": ("program", "batch", "measured_kernels", "compiled_kernels",
+                    "ms_per_kernel", "compiled_jax"),
 }
 # the fields that say what a row measured: rows equal in these (and in `kind`, `shape`,
 # `dtype`) are the same measurement, and a later one replaces the earlier
@@ -40,6 +43,7 @@ SETTING = {
     "family": ("stage", "method", "weights"),
     "compile": ("target", "program", "objective", "decoder", "batch", "seq_len", "cache_len",
                 "defaults", "run_control", "layers"),
+    "calibration": ("program", "objective", "decoder", "batch", "compiled_target"),
 }
 
 

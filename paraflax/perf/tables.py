@@ -96,6 +96,15 @@ COLUMNS = {
                 ("TFLOP/step", lambda r: fmt(r["flops_per_step"] / 1e12, ".3f")),
                 ("ms at peak / bandwidth", bound_ms),
                 ("compile s", lambda r: fmt(r["compile_s"], ".0f"))],
+    "calibration": [("shape", lambda r: r["shape"]), ("program", lambda r: r["program"]),
+                    ("objective / decoder", lambda r: r.get("objective") or r.get("decoder")),
+                    ("batch", lambda r: r["batch"]),
+                    ("kernels measured / compiled", lambda r: f"{r['measured_kernels']:,.0f}"
+                     f" / {r['compiled_kernels']:,.0f} ({r['measured_per_compiled']:.2f}x)"),
+                    ("ms/step", lambda r: f"{r['ms_per_step']:.3f}"),
+                    ("us/kernel", lambda r: f"{1e3 * r['ms_per_kernel']:.1f}"),
+                    ("compiled for, JAX", lambda r: f"{r['compiled_target']}, "
+                                                    f"{r['compiled_jax']}")],
     "stage": [("stage", lambda r: r["stage"]), ("steps", lambda r: r["steps"]),
               ("wall s", lambda r: f"{r['wall_s']:.1f}"),
               ("tokens/s", lambda r: fmt(r.get("tokens_per_s"), ",.0f")),

@@ -143,8 +143,12 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     seq = plan.seq_len
     try:
       while True:
+        t0 = time.perf_counter()
         cfg, _, compiled = fit_to_device(recipe(name, plan, seq))  # "auto" memory choices
+        fit_s = time.perf_counter() - t0
         r = measure_step(cfg, plan.steps, max_gib, compiled, plan.profile)
+        if compiled is not None:  # compiled while fitting: every candidate counted
+          r["compile_s"] = fit_s
         if "skipped" not in r or seq <= 256:
           break
         log(f"[train] {name} at {seq} tokens: {r['skipped']}; halving")
@@ -164,6 +168,8 @@ def run(plan: TrainPlan, add, log) -> list[str]:
     row = add({"kind": "train", "shape": plan.shape, "dtype": plan.dtype,
                "layers": cfg.model.n_layers, "objective": name,
                "recipe": RECIPES[name], "batch": plan.batch, "seq_len": seq,
+               "defaults": all(getattr(plan, k) is None for k in ("attention", "remat",
+                                                                   "scan_layers")),
                **run_control(cfg), **r, "tokens_per_s": tokens_per_s,
                "flops_per_token": per_token, "tflops_per_s": per_token * tokens_per_s / 1e12,
                "mfu": flops.mfu(per_token * tokens_per_s, 1.0, peak=peak),

@@ -1,5 +1,6 @@
 """What the attention kernels are given: a causal structure as the kernel's own causal mask
-(`attention.kernel_mask`), any other mask dense, and lengths padded to a kernel's block
+(`attention.kernel_mask`), TiDAR's clean half as a causal call of its own
+(`attention.kernel_calls`), any other mask dense, and lengths padded to a kernel's block
 (`attention._padded`). tokamax's XLA implementation takes the same arguments as its kernels
 and runs here: values and gradients equal the dense reference (float32, highest)."""
 
@@ -67,11 +68,28 @@ def test_kernel_arguments_equal_the_dense_mask(name, block):
   with jax.default_matmul_precision("highest"):
     want = _value_and_grads(lambda q, k, v: attention._dense(q, k, v, mask.dense(), None),
                             q, k, v)
-    causal, arrays = attention.kernel_mask(mask, lengths=block == 1)
-    assert causal == (mask.rule in (ms.causal_rule, ms.full_causal_rule)
-                      and (block == 1 or mask.rule is ms.full_causal_rule))
-    got = _value_and_grads(lambda q, k, v: _tokamax(q, k, v, causal, arrays, block), q, k, v)
+    calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1)
+    causal = (mask.rule in (ms.causal_rule, ms.full_causal_rule)
+              and (block == 1 or mask.rule is ms.full_causal_rule))
+    assert [c[3] for c in calls] == ([True, False] if mask.causal_rows else [causal])
+
+    def kernels(q, k, v):
+      return jnp.concatenate([_tokamax(q[:, r0:r1], k[:, :keys], v[:, :keys], causal, arrays,
+                                       block) for r0, r1, keys, causal, arrays in calls], 1)
+    got = _value_and_grads(kernels, q, k, v)
   _assert_close(got, want)
+
+
+def test_tidar_trains_clean_half_sees_exactly_its_causal_keys():
+  """`causal_rows` is a claim about the mask: its rows are causal over as many keys, and see
+  no key after them (so the kernel may attend them apart, over those keys alone)."""
+  mask = ms.tidar_train(6, jnp.array([2, 4]))
+  dense = np.asarray(mask.dense())
+  r = mask.causal_rows
+  assert r == 6 and dense.shape == (2, 12, 12)
+  assert (dense[:, :r, :r] == np.tril(np.ones((r, r), bool))).all()
+  assert not dense[:, :r, r:].any()
+  assert (np.asarray(mask.rows(r).dense()) == dense[:, r:]).all()
 
 
 def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():

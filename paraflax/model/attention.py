@@ -101,33 +101,55 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
   impl = resolve(attention, backend or jax.default_backend(), dt, max_len=max_len, rows=t,
                  cached=cache_kv is not None)
   kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
-  if impl == "xla" or not kernel:
-    mask = _dense_mask(mask_BxTxS)
-    if impl == "xla":
-      return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask, cache_kv)
-    causal, arrays = False, {"mask": mask}
-  else:
-    causal, arrays = kernel_mask(mask_BxTxS, lengths="mosaic" not in kernel)
+  if impl == "xla":
+    return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, _dense_mask(mask_BxTxS), cache_kv)
   k, v = k_BxTxKxD, v_BxTxKxD
   if s:  # the kernels take one key array: copy the cache in front of the chunk
     k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
-  if "mask" in arrays:
-    arrays["mask"] = jnp.broadcast_to(arrays["mask"], (*q_BxTxHxD.shape[:2], k.shape[1]))
+  if kernel:
+    calls = kernel_calls(mask_BxTxS, t, lengths="mosaic" not in kernel)
+  else:  # xla_chunked
+    calls = [(0, t, None, False, {"mask": _dense_mask(mask_BxTxS)})]
+  return _kernel(q_BxTxHxD, k, v, impl, kernel, calls)
+
+
+def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
+  """The kernel `impl` over each of `calls` (`kernel_calls`), its outputs in row order."""
   block = KERNEL_BLOCK if "mosaic" in kernel else CUDNN_BLOCK if "cudnn" in kernel else 1
-
-  def call(q, k, v, arrays):
-    q, k, v, arrays = _padded(q, k, v, causal, arrays, block)
-    if "mask" in arrays:
-      arrays = {**arrays, "mask": arrays["mask"][:, None]}  # [B, 1, T, K]: every head alike
-    out = tokamax_module().dot_product_attention(q, k, v, is_causal=causal,
-                                                 implementation=impl, **arrays)
-    return out[:, :t]
-
   mesh = sharding.context_mesh() if kernel else None
-  if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
-    call = _shard_mapped(call, mesh, k.shape, arrays)
-  return call(q_BxTxHxD, k, v, arrays)
+  outs = []
+  for r0, r1, keys, causal, arrays in calls:
+    q, k, v = q_BxTxHxD[:, r0:r1], k_BxSxKxD[:, :keys], v_BxSxKxD[:, :keys]
+    if "mask" in arrays:
+      arrays = {**arrays, "mask": jnp.broadcast_to(arrays["mask"], (*q.shape[:2], k.shape[1]))}
+
+    def call(q, k, v, arrays, causal=causal):
+      t = q.shape[1]
+      q, k, v, arrays = _padded(q, k, v, causal, arrays, block)
+      if "mask" in arrays:
+        arrays = {**arrays, "mask": arrays["mask"][:, None]}  # [B, 1, T, K]: every head alike
+      out = tokamax_module().dot_product_attention(q, k, v, is_causal=causal,
+                                                   implementation=impl, **arrays)
+      return out[:, :t]
+
+    if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
+      call = _shard_mapped(call, mesh, k.shape, arrays)
+    outs.append(call(q, k, v, arrays))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, 1)
+
+
+def kernel_calls(mask, t: int, lengths: bool = True) -> list[tuple]:
+  """The kernel calls that attend `t` query rows under `mask`, each (first row, end row, keys
+  (None: all), is_causal, the mask's arrays). A `Structured` mask whose first `causal_rows`
+  queries see exactly the keys up to their own index (TiDAR's clean half) takes two calls:
+  those rows over their own keys with the kernel's causal mask, which skips the tiles above
+  the diagonal, and the other rows with the rest of the mask dense. Any other mask takes one
+  (`kernel_mask`)."""
+  r = getattr(mask, "causal_rows", 0)
+  if 0 < r < t:
+    return [(0, r, r, True, {}), (r, t, None, False, {"mask": mask.rows(r).dense()})]
+  return [(0, t, None, *kernel_mask(mask, lengths))]
 
 
 def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:

@@ -45,11 +45,18 @@ class Structured:
   queries: Fields  # each [B, T]
   keys: Fields  # each [B, K]
   rule: Rule = flax.struct.field(pytree_node=False)  # hashable: a function or frozen dataclass
+  # the first `causal_rows` queries see exactly the keys up to their own index (TiDAR's clean
+  # half): a kernel attends them with its own causal mask (`attention.kernel_calls`)
+  causal_rows: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
   def shape(self) -> tuple[int, int, int]:
     b, t = self.queries["i"].shape
     return b, t, self.keys["i"].shape[1]
+
+  def rows(self, start: int) -> Structured:
+    """The mask of queries `start:` (over every key)."""
+    return Structured({n: a[:, start:] for n, a in self.queries.items()}, self.keys, self.rule)
 
   def dense(self) -> jax.Array:
     """The bool mask `[B, T, K]`."""
@@ -225,7 +232,8 @@ def tidar_train(length: int, block_sizes_B: jax.Array) -> Structured:
   b = block_sizes_B.shape[0]
   ids = jnp.arange(length)[None, :] // block_sizes_B[:, None]
   kinds = jnp.concatenate([jnp.full((b, length), CLEAN), jnp.full((b, length), MASKED)], 1)
-  return tidar(kinds, jnp.concatenate([ids, ids], 1))
+  mask = tidar(kinds, jnp.concatenate([ids, ids], 1))
+  return dataclasses.replace(mask, causal_rows=length)  # the clean half: causal, no mask keys
 
 
 def tidar_prefill(prompt_lens_B: jax.Array, p: int, k: int) -> Structured:

@@ -3,7 +3,7 @@
 Input `[B, 2L]` = the L clean tokens (causal, positions 0..L-1, shifted next-token labels),
 then L mask tokens at the same positions 0..L-1, cut into blocks of `block_size` positions.
 A block of mask slots sees itself (bidirectionally) and the clean tokens strictly before its
-first position (`masks.tidar_train`); slot i is labelled with the clean token x_i
+first position (`masks.tidar_train`; passed structured, `mask_structure.tidar_train`); slot i is labelled with the clean token x_i
 (unshifted). So the first slot of a block starting at s predicts x_s from x_{<s}, the same
 target as the AR output at s-1: at decoding time the two can be mixed (`TiDAR.beta`), and
 slots 2.. of a block are the drafts for the tokens after it. Every diffusion-half input is
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.training.objectives.head_loss import token_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
@@ -55,7 +55,7 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
   tokens_BxL = batch["tokens"]
   b, l = tokens_BxL.shape
   tokens, positions = doubled(tokens_BxL, mask_id)
-  mask = masks.tidar_train(l, block_sizes_for(rng, b, block_size))
+  mask = mask_structure.tidar_train(l, block_sizes_for(rng, b, block_size))
   hidden_Bx2LxD, _ = model(tokens, positions, mask, hidden=True)
   # one pass over the row: clean position i predicts x_{i+1} (the last one nothing), mask
   # slot i predicts x_i

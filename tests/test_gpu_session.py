@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from paraflax import cli
-from paraflax.perf import calibrate, rows
+from paraflax.perf import rows
+from paraflax.perf.compile import calibrate
 from paraflax.perf.cli import plan_of as perf_plan_of
 from paraflax.perf.numerics import NumericsPlan
 

@@ -9,7 +9,8 @@ import shlex
 from pathlib import Path
 
 from paraflax.model.run import RunControl
-from paraflax.perf import calibrate, decode, family, numerics, slots, train
+from paraflax.perf import decode, family, numerics, slots, train
+from paraflax.perf.compile import calibrate
 from paraflax.perf.compile import run as compile_run
 from paraflax.perf.compile.targets import TARGETS
 from paraflax.training.config.fields import field_types

@@ -19,7 +19,7 @@ MR_SETTINGS = "K1 pool16 C3"  # the bench's MR: the best of README's sweep at 64
 
 
 def mr_decoder(n: int = 16, sampler=None):
-  """The bench's Jacobi + MR decoder (`MR_SETTINGS`, the released recycling rule)."""
+  """The bench's Jacobi + MR decoder (`MR_SETTINGS`, the "stream" recycling rule)."""
   return decoders.JacobiMR(block_size=n, num_blocks=1, pool_size=16, num_candidates=3,
                            sampler=sampler or sampling.Greedy())
 

@@ -191,7 +191,7 @@ def test_mr_compiles_once(model):
 @pytest.mark.fast
 def test_pool_ring_and_both_lookup_rules():
   """The ring is a deque(maxlen=P) (deduplicated for "rejected_drafts"); "rejected_drafts"
-  matches an entry's first token, "released" the first occurrence anywhere but in the newest
+  matches an entry's first token, "stream" the first occurrence anywhere but in the newest
   entry; a candidate starts with the pending token and runs on into the main block."""
   insert = jax.jit(recycling.insert, static_argnames="dedup")  # one compile, not one per op
   lookup = jax.jit(recycling.lookup, static_argnums=(3, 4))
@@ -211,11 +211,11 @@ def test_pool_ring_and_both_lookup_rules():
   cands, valid = lookup(pool, ptr, main, 2, "rejected_drafts")
   np.testing.assert_array_equal(cands[0], [[5, 9], [5, 6]])  # newest first
   np.testing.assert_array_equal(valid[0], [True, True])
-  # "released", pending token 7, main block [7 5 6], entries oldest to newest
+  # "stream", pending token 7, main block [7 5 6], entries oldest to newest
   pool = jnp.array([[[1, 7, 2, 9, 7], [7, 3, -1, -1, -1], [0, 7, 5, 6, -1],  # a main copy
                      [4, 4, 4, -1, -1], [7, 8, 8, -1, -1]]])  # no 7; the newest, skipped
   ptr = jnp.array([5])
-  cands, valid = lookup(pool, ptr, jnp.array([[7, 5, 6]]), 4, "released")
+  cands, valid = lookup(pool, ptr, jnp.array([[7, 5, 6]]), 4, "stream")
   np.testing.assert_array_equal(cands[0], [[7, 3, 6], [7, 2, 9], [7, 7, 7], [7, 7, 7]])
   np.testing.assert_array_equal(valid[0], [True, True, False, False])
 
@@ -268,3 +268,13 @@ def test_stream_entries_are_the_last_n_tokens_and_the_in_flight_drafts():
   np.testing.assert_array_equal(stream, [[2, 3, 4, 5, 10, 20, 21, 22, 23, -1, -1],
                                          [7, 30, 31, 32] + [-1] * 7])
   np.testing.assert_array_equal(fresh, [[10] + [-1] * 10, [30, 31, 32] + [-1] * 8])
+
+
+def test_the_old_name_of_the_stream_rule_still_builds_it_with_a_warning():
+  """`recycling="released"` named paraflax's own rule as the authors' algorithm: it is
+  "stream" now, and the old spelling builds the same decoder (one compilation) with a
+  DeprecationWarning."""
+  with pytest.warns(DeprecationWarning, match='renamed recycling="stream"'):
+    old = pf.decoders.JacobiMR(4, pool_size=2, num_candidates=1, recycling="released")
+  assert old == pf.decoders.JacobiMR(4, pool_size=2, num_candidates=1, recycling="stream")
+  assert pf.decoders.JacobiMR().recycling == "stream"

@@ -22,7 +22,7 @@ Per step and row:
      equal to the argmax before them, capped at the RA's `ra_len` (only RA tokens are ever
      committed). The longest wins (main on ties); its drafts and the next argmax are emitted
      and its chunk rows committed (`PendingCommit(src=...)`).
-  2. Recycle (`recycling.RULES`), into a per-row FIFO ring: "released" (the default), after a
+  2. Recycle (`recycling.RULES`), into a per-row FIFO ring: "stream" (the default), after a
      step in which the RA rejected a draft, adds the new stream (the last n emitted tokens,
      then every draft; `stream_entries`) and the RA's fresh drafts; "rejected_drafts" adds
      the main block's rejected tail (n stream tokens from its first rejected draft, the last
@@ -42,6 +42,7 @@ With K = 1 the RA is plain Jacobi's running window (always n-1 drafts, never don
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -136,7 +137,7 @@ def advance(m: MRState, g_main_BxT, g_win_BxN, n_win_B, nxt_B, active_B, n: int,
 
 
 def stream_entries(m: MRState, tokens_BxN, lengths_B, n: int):
-  """The "released" rule's two pool entries after a step, each [B, (K+1)*n - 1], -1 past its
+  """The "stream" rule's two pool entries after a step, each [B, (K+1)*n - 1], -1 past its
   end: the last n emitted tokens (the pending one last; fewer at the start) and every
   in-flight draft, then the RA's fresh drafts."""
   w = m.drafts.shape[1]
@@ -173,8 +174,9 @@ class JacobiMR(Decoder):
     (or pseudo-accepted) tokens.
   pool_size: recycled entries kept per row (0: no rejection recycling).
   num_candidates: pool candidates verified per step next to the main block (C <= pool_size).
-  recycling: the pool's rule (`recycling.RULES`): "released" (the default: the released
-    code's stream entries, matched anywhere) or "rejected_drafts" (the paper's prose).
+  recycling: the pool's rule (`recycling.RULES`): "stream" (the default, paraflax's: stream
+    entries matched anywhere, adapted from the released code's pool) or "rejected_drafts"
+    (the paper's prose). "released", its old name, still works (a DeprecationWarning).
   """
   block_size: int = struct.field(pytree_node=False, default=16)
   num_blocks: int = struct.field(pytree_node=False, default=1)
@@ -182,8 +184,18 @@ class JacobiMR(Decoder):
   pool_size: int = struct.field(pytree_node=False, default=0)
   num_candidates: int = struct.field(pytree_node=False, default=0)
   sampler: object = struct.field(default_factory=Greedy)
-  recycling: str = struct.field(pytree_node=False, default="released")
+  recycling: str = struct.field(pytree_node=False, default="stream")
   State = JacobiMRState
+
+  @staticmethod
+  def _old_spelling(*args, **kwargs):
+    """`recycling="released"` (deprecated: the rule is paraflax's) is `recycling="stream"`."""
+    if kwargs.get("recycling") != "released":
+      return None
+    warnings.warn('JacobiMR(recycling="released") is renamed recycling="stream": the rule is '
+                  "paraflax's, adapted from the released code's pool", DeprecationWarning,
+                  stacklevel=3)
+    return JacobiMR(*args, **{**kwargs, "recycling": "stream"})
 
   @property
   def chunk_size(self) -> int:
@@ -198,10 +210,10 @@ class JacobiMR(Decoder):
 
   @property
   def pool_shape(self) -> tuple[int, int]:
-    """(P, E): entries per row and tokens per entry ("released": n - 1 emitted tokens and
+    """(P, E): entries per row and tokens per entry ("stream": n - 1 emitted tokens and
     the K*n stream; "rejected_drafts": n)."""
     n = self.block_size
-    return self.pool_size, ((self.num_blocks + 1) * n - 1 if self.recycling == "released" else n)
+    return self.pool_size, ((self.num_blocks + 1) * n - 1 if self.recycling == "stream" else n)
 
   @property
   def lookahead(self) -> int:
@@ -305,7 +317,7 @@ def mr_step(fwd, state: JacobiMRState, n: int, k: int, c: int, s: int,
     m = m.replace(pool=pool, ptr=ptr)
   rejected = active & (n_win < m.ra_len)  # the RA rejected a draft
   m = advance(m, g[:, :tm], g_win, n_win, nxt, active, n, k, s)
-  if c and rule == "released":  # after a rejection: the new stream, then the RA's fresh drafts
+  if c and rule == "stream":  # after a rejection: the new stream, then the RA's fresh drafts
     for entry in stream_entries(m, state.tokens, state.lengths, n):
       pool, ptr = recycling.insert(m.pool, m.ptr, entry, rejected)
       m = m.replace(pool=pool, ptr=ptr)

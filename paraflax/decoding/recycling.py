@@ -2,12 +2,14 @@
 sequences from past Jacobi iterations, and the lookup that turns them into candidate blocks
 for the pending token. Two rules (`RULES`):
 
-* "released", as the released Jacobi Forcing code does it: after a step in which the
-  real-active block rejected a draft, two entries of (K+1)*n - 1 tokens enter the ring (a
-  `deque(maxlen=P)`): the last n emitted tokens and the in-flight drafts
+* "stream", paraflax's rule, adapted from the released Jacobi Forcing code's pool: after a
+  step in which the real-active block rejected a draft, two entries of (K+1)*n - 1 tokens
+  enter the ring (a `deque(maxlen=P)`): the last n emitted tokens and the in-flight drafts
   (`jacobi_mr.stream_entries`), then the RA's fresh drafts. The lookup skips the newest
   entry; in every other, the candidate is the suffix from the *first occurrence of the
-  pending token anywhere* in it, padded with the main block.
+  pending token anywhere* in it, padded with the main block. Where the released code differs
+  (a pool made anew for every block, the block's accepted tokens in its entries, candidates
+  used only when more than one is found): docs/methods/jacobi.md.
 * "rejected_drafts", the paper's prose: the main block's rejected drafts (n tokens), kept
   once; an entry is a candidate only when its *first* token is the pending token.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-RULES = ("released", "rejected_drafts")
+RULES = ("stream", "rejected_drafts")
 
 
 def insert(pool_BxPxE, ptr_B, entry_BxE, ok_B, dedup: bool = False):
@@ -46,7 +48,7 @@ def lookup(pool_BxPxE, ptr_B, main_BxN, c: int, rule: str):
   key = main_BxN[:, 0]
   hit = pool_BxPxE == key[:, None, None]  # [B, P, E]
   age = (ptr_B[:, None] - 1 - jnp.arange(p)) % p  # [B, P], 0 = newest
-  if rule == "released":
+  if rule == "stream":
     found = jnp.any(hit, -1) & (age > 0)  # the newest entry (the RA's fresh drafts) is skipped
   else:
     found = hit[..., 0]

@@ -10,6 +10,7 @@ import pytest
 from flax import struct
 
 import paraflax as pf
+from paraflax.decoding import jacobi as jac
 from paraflax.decoding import jacobi_mr as mr
 from paraflax.decoding import recycling
 from paraflax.decoding import state as st
@@ -23,9 +24,11 @@ MR_PROMPTS = PROMPTS + [[7, 27, 33] * 4]
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("variant", ["window", "released"])
 @pytest.mark.parametrize("block_size", [1, 2, 4, 8])
-def test_jacobi_equals_greedy_ar_for_every_row(model, block_size):
-  out = pf.generate(model, PROMPTS, decoder=pf.decoders.Jacobi(block_size), max_new_tokens=24)
+def test_jacobi_equals_greedy_ar_for_every_row(model, block_size, variant):
+  out = pf.generate(model, PROMPTS, decoder=pf.decoders.Jacobi(block_size, variant=variant),
+                    max_new_tokens=24)
   ar = pf.generate(model, PROMPTS, max_new_tokens=24)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
@@ -35,10 +38,11 @@ def test_jacobi_equals_greedy_ar_for_every_row(model, block_size):
     assert acc.max() > 1 and np.any(acc == 1)
 
 
-def test_jacobi_matches_the_no_cache_reference_with_eos_and_loop_twin(model):
+@pytest.mark.parametrize("variant", ["window", "released"])
+def test_jacobi_matches_the_no_cache_reference_with_eos_and_loop_twin(model, variant):
   ar = pf.generate(model, PROMPTS, max_new_tokens=16)
   eos = int(ar.tokens[0, 5])
-  kw = dict(decoder=pf.decoders.Jacobi(4), max_new_tokens=16, eos_id=eos)
+  kw = dict(decoder=pf.decoders.Jacobi(4, variant=variant), max_new_tokens=16, eos_id=eos)
   a = pf.generate(model, PROMPTS, **kw)
   b = pf.generate(model, PROMPTS, loop="python", **kw)
   np.testing.assert_array_equal(a.tokens, pf.generate(model, PROMPTS, max_new_tokens=16,
@@ -50,19 +54,21 @@ def test_jacobi_matches_the_no_cache_reference_with_eos_and_loop_twin(model):
 
 
 @pytest.mark.fast
-def test_jacobi_compiles_once(model):
+@pytest.mark.parametrize("variant", ["window", "released"])
+def test_jacobi_compiles_once(model, variant):
   rng = np.random.default_rng(2)
   before = TRACES["Jacobi"]
   for i in range(20):
     prompts = [list(rng.integers(0, 48, rng.integers(1, 17))) for _ in range(3)]
-    pf.generate(model, prompts, decoder=pf.decoders.Jacobi(4), max_new_tokens=8,
-                rng=jax.random.key(i), max_prompt_len=16)
+    pf.generate(model, prompts, decoder=pf.decoders.Jacobi(4, variant=variant),
+                max_new_tokens=8, rng=jax.random.key(i), max_prompt_len=16)
   assert TRACES["Jacobi"] - before == 1
 
 
 @pytest.mark.parametrize("dec, match", [
     (pf.decoders.Jacobi(0), "block_size >= 1"),
     (pf.decoders.Jacobi(4, sampler=pf.Temperature(0.7)), "Jacobi decoding is greedy"),
+    (pf.decoders.Jacobi(4, variant="paper"), "variant in"),
     (pf.decoders.JacobiMR(4, num_blocks=0), "num_blocks >= 1"),
     (pf.decoders.JacobiMR(4, num_blocks=2, spawn_threshold=0.0), "0 < spawn_threshold <= 1"),
     (pf.decoders.JacobiMR(4, num_blocks=2, spawn_threshold=1.5), "0 < spawn_threshold <= 1"),
@@ -278,3 +284,71 @@ def test_the_old_name_of_the_stream_rule_still_builds_it_with_a_warning():
     old = pf.decoders.JacobiMR(4, pool_size=2, num_candidates=1, recycling="released")
   assert old == pf.decoders.JacobiMR(4, pool_size=2, num_candidates=1, recycling="stream")
   assert pf.decoders.JacobiMR().recycling == "stream"
+
+
+
+# ---- the released loop's rules (`Jacobi(variant="released")`), each on a hand-worked case ----
+
+@pytest.mark.fast
+def test_released_blocks_go_on_to_their_end_then_start_from_context_draws():
+  """n = 4, argmaxes [10 11 12 13]: a step that keeps 2 of a block with 3 guesses left goes
+  on with 1 (the argmaxes after the decided token); one that accepts every guess left, or
+  decides the block's last token, starts a new block of 3 drawn guesses."""
+  argmax = jnp.array([[10, 11, 12, 13]] * 3)
+  draws = jnp.array([[7, 8, 9]] * 3)
+  guesses, left = jac.next_block(argmax, jnp.array([2, 2, 1]), jnp.array([3, 1, 0]), draws, 4)
+  assert guesses.tolist() == [[12, 13, 13], [7, 8, 9], [7, 8, 9]]
+  assert left.tolist() == [1, 3, 3]
+
+
+@pytest.mark.fast
+def test_context_draws_come_from_the_prompt_and_the_output_before_the_pending_token():
+  prompts = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0]])
+  tokens = jnp.array([[20, 21, 22, -1], [30, 31, -1, -1]])
+  key = jax.random.key(0)
+  draws = jac.context_draws(key, prompts, jnp.array([3, 2]), tokens, jnp.array([2, 0]), 4000)
+  assert set(draws[0].tolist()) == {1, 2, 3, 20, 21}  # not 22: the pending token
+  assert set(draws[1].tolist()) == {4, 5}
+  counts = np.bincount(np.asarray(draws[0]))[[1, 2, 3, 20, 21]]
+  assert counts.min() > 700  # uniform over the 5 context tokens (800 each expected)
+  again = jac.context_draws(key, prompts, jnp.array([3, 2]), tokens, jnp.array([2, 0]), 4000)
+  assert (again == draws).all()  # the call's rng seeds them
+
+
+@pytest.mark.fast
+def test_released_prefill_reads_draws_after_the_prompt_and_guesses_their_argmaxes(model):
+  """Block 1 is the released prefill's: the argmax at the last prompt token (the first output
+  token) and after each of the first n-1 tokens drawn from the prompt, read in one forward
+  with the prompt; the cache keeps the prompt alone."""
+  prompts = jnp.array([[5, 9, 2, 7, 0, 0], [7, 1, 1, 30, 4, 12]])
+  lens = jnp.array([4, 6])
+  fwd, key, n = st.Forward.of(model), jax.random.key(3), 4
+  sub = jax.random.split(key)[1]  # what `init` draws with
+  cache, argmax = jac.prefill_with_draws(fwd, prompts, lens, 16, n, sub)
+  draws = jac.context_draws(sub, prompts, lens, prompts, jnp.zeros_like(lens), n)
+  assert cache.lengths.tolist() == [4, 6]
+  for b in range(2):
+    row = prompts[b, :lens[b]].tolist() + draws[b].tolist()
+    logits = model(jnp.array([row]), jnp.arange(len(row))[None],
+                   pf.masks.causal(jnp.array([len(row)]), len(row)))[0]
+    want = jnp.argmax(logits[0, lens[b] - 1:lens[b] - 1 + n], -1)
+    assert argmax[b].tolist() == want.tolist()
+  state = pf.decoders.Jacobi(n, variant="released").init(fwd, None, prompts, lens, 8, key, -1)
+  assert state.tokens[:, 0].tolist() == argmax[:, 0].tolist()
+  assert state.guesses.tolist() == argmax[:, 1:].tolist() and state.left.tolist() == [3, 3]
+
+
+@pytest.mark.fast
+def test_a_released_step_accepts_no_guess_past_its_blocks_end(model):
+  """Guesses equal to greedy AR's continuation would all be accepted; with one guess left in
+  the block the step keeps that one and the decided token, then starts a new block."""
+  prompts, lens = jnp.array([PROMPTS[0]]), jnp.array([len(PROMPTS[0])])
+  ar = pf.generate(model, [PROMPTS[0]], max_new_tokens=8).tokens[0]
+  fwd, dec = st.Forward.of(model), pf.decoders.Jacobi(4, variant="released")
+  state = dec.init(fwd, None, prompts, lens, 8, jax.random.key(0), -1)
+  right = jnp.asarray(ar[1:4])[None]  # the three tokens after the first
+  for left, kept in ((3, 4), (1, 2)):
+    after = dec.step(fwd, None, state.replace(guesses=right, left=jnp.array([left])))
+    assert after.lengths.tolist() == [1 + kept]
+    assert after.tokens[0, :1 + kept].tolist() == ar[:1 + kept].tolist()
+    assert after.left.tolist() == [3]  # the block ended: a new one of drawn guesses

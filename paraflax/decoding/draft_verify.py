@@ -17,9 +17,11 @@ from paraflax.decoding.checks import check_fits
 from paraflax.model import masks
 
 
-def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
+def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler, limit_B=None):
   """Returns (state, target logits [B, K+1, V], emitted [B, K+1] = [d_1..d_n, next, ...],
-  kept [B]: tokens emitted (n + 1, less after an EOS or at the buffer end, 0 once done))."""
+  kept [B]: tokens emitted (n + 1, less after an EOS or at the buffer end, 0 once done)).
+  `limit` [B] (greedy only): accept at most that many drafts; the next token is then the
+  argmax after the last one accepted."""
   b, k = drafts_BxK.shape
   active = ~state.done
   cache = st.flush(state)
@@ -28,6 +30,9 @@ def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler):
   logits, kv = fwd(chunk, pos, masks.decode(cache.lengths, cache.slots, k + 1), cache)
   rng, sub = jax.random.split(state.rng)
   n_acc, nxt = verify.verify(sub, sampler, drafts_BxK, q_BxKxV, logits)
+  if limit_B is not None:
+    n_acc = jnp.minimum(n_acc, limit_B)
+    nxt = jnp.argmax(logits[jnp.arange(b), n_acc], -1).astype(nxt.dtype)
   new = jnp.concatenate([drafts_BxK, jnp.zeros((b, 1), drafts_BxK.dtype)], 1)
   new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_1..d_n, next, ...]
   src = jnp.broadcast_to(jnp.arange(k + 1), (b, k + 1))

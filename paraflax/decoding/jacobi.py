@@ -1,11 +1,25 @@
-"""Greedy Jacobi decoding with a KV cache and a running window.
+"""Greedy Jacobi decoding with a KV cache: paraflax's running window, or the released
+Jacobi Forcing loop's fixed blocks.
 
 Each forward refines a block [pending token, g_1..g_{n-1}]: the model's argmax after every
 block position is its next guess for the following position (one Jacobi iteration), the
 longest prefix of guesses that equals those argmaxes is accepted plus one decided token
-(`verify.greedy`), and the block slides on, full, with the unverified argmaxes as its new
-guesses. The output is token for token greedy AR decoding. Jacobi Forcing's multi-block
-decoding and rejection recycling are `JacobiMR` (`jacobi_mr.py`).
+(`verify.greedy`). Two variants:
+
+* "window" (paraflax's): the block slides on, full, with the unverified argmaxes as its new
+  guesses; the first guesses repeat the first token.
+* "released" (`jacobi_forward_greedy` of hao-ai-lab/JacobiForcing and its driver): fixed
+  blocks of n tokens. The prefill reads the prompt and n tokens drawn at random from it; its
+  argmaxes after them are block 1's guesses. A step accepts no further than the block's end
+  (`left` guesses remain), and its new guesses are the argmaxes after the decided token up
+  to the block's end. Once the block's last guess is accepted, the decided token after it
+  starts the next block, whose n-1 guesses are tokens drawn at random (uniform, with
+  replacement, the call's rng) from the row's prompt and output before it. The forward
+  still feeds n tokens; the ones past the block's end are never accepted, so a step's
+  committed tokens and its count are the released loop's.
+
+Both are token for token greedy AR decoding. Jacobi Forcing's multi-block decoding and
+rejection recycling are `JacobiMR` (`jacobi_mr.py`).
 """
 
 from __future__ import annotations
@@ -21,20 +35,29 @@ from paraflax.decoding.checks import check_fits
 from paraflax.decoding.draft_verify import verify_drafts
 from paraflax.decoding.jacobi_mr import MR_FIELDS, JacobiMR, check_greedy_block
 from paraflax.decoding.protocol import Decoder
+from paraflax.model import masks
+from paraflax.model.cache import commit, init_cache
 from paraflax.parallel.sharding import axes
 from paraflax.sampling import Greedy
+
+VARIANTS = ("window", "released")
 
 
 @struct.dataclass
 class JacobiState(st.DecodeState):
   guesses: jax.Array = axes("batch", None)  # [B, n-1] guesses after the pending token
+  left: jax.Array = axes("batch")  # [B] guesses of the current block ("released"; window: n-1)
+  prompts: jax.Array = axes("batch", None)  # [B, P] the prompts ("released"; window: [B, 0])
 
 
 @struct.dataclass
 class Jacobi(Decoder):
-  """Jacobi decoding with blocks of `block_size` tokens (1 = plain AR); greedy only."""
+  """Jacobi decoding with blocks of `block_size` tokens (1 = plain AR); greedy only.
+  `variant`: "window" (paraflax's running window) or "released" (the released Jacobi Forcing
+  loop's fixed blocks, each started from random context tokens; see the module docstring)."""
   block_size: int = struct.field(pytree_node=False, default=16)
   sampler: object = struct.field(default_factory=Greedy)
+  variant: str = struct.field(pytree_node=False, default="window")
   State = JacobiState
 
   @staticmethod
@@ -57,23 +80,87 @@ class Jacobi(Decoder):
 
   def validate(self, cfg, draft_cfg):
     check_greedy_block("Jacobi", self.block_size, self.sampler)
+    if self.variant not in VARIANTS:
+      raise ValueError(f"Jacobi needs variant in {VARIANTS}, got {self.variant!r}")
     check_fits("Jacobi", f"block_size={self.block_size}", self.block_size, cfg)
 
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
-    n = self.block_size
+    n, b = self.block_size, prompts.shape[0]
+    capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
+    left = jnp.full((b,), n - 1, jnp.int32)
+    if self.variant == "released":
+      rng, sub = jax.random.split(rng)
+      cache, argmax = prefill_with_draws(fwd, prompts, prompt_lens, capacity, n, sub)
+      state = st.new_state((b, max_new_tokens), prompt_lens, cache, st.no_pending(cache, n, n),
+                           st.max_steps(max_new_tokens), rng, eos_id, JacobiState,
+                           guesses=argmax[:, 1:], left=left, prompts=prompts)
+      return st.emit(state, argmax[:, :1], jnp.ones_like(prompt_lens), record=False)[0]
     state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
-                     capacity=self.cache_capacity(prompts.shape[1], max_new_tokens),
-                     chunk=n, keep=n, sampler=self.sampler, rng=rng, eos_id=eos_id,
-                     cls=JacobiState, guesses=jnp.zeros((prompts.shape[0], n - 1), jnp.int32))
+                     capacity=capacity, chunk=n, keep=n, sampler=self.sampler, rng=rng,
+                     eos_id=eos_id, cls=JacobiState, guesses=jnp.zeros((b, n - 1), jnp.int32),
+                     left=left, prompts=jnp.zeros((b, 0), jnp.int32))
     # initial guesses: the first decided token repeated (any tokens would do)
     return state.replace(guesses=jnp.repeat(state.tokens[:, :1], n - 1, axis=1))
 
   def step(self, fwd, draft, state: JacobiState) -> JacobiState:
     del draft
     n = self.block_size
-    state, logits, _, kept = verify_drafts(fwd, state, state.guesses, None, self.sampler)
+    released = self.variant == "released"
+    state, logits, _, kept = verify_drafts(fwd, state, state.guesses, None, self.sampler,
+                                           limit_B=state.left if released else None)
     argmax = jnp.argmax(logits, -1).astype(jnp.int32)  # [B, n]
-    # argmax[kept - 1] was just decided; the ones after it are the next guesses
-    idx = jnp.minimum(kept[:, None] + jnp.arange(n - 1), n - 1)
-    return state.replace(guesses=jnp.take_along_axis(argmax, idx, 1))
+    if not released:
+      return state.replace(guesses=slide(argmax, kept, n))
+    rng, sub = jax.random.split(state.rng)
+    draws = context_draws(sub, state.prompts, state.prompt_lens, state.tokens, state.lengths - 1,
+                          n - 1)
+    guesses, left = next_block(argmax, kept, state.left, draws, n)
+    return state.replace(guesses=guesses, left=left, rng=rng)
+
+
+def slide(argmax_BxN, kept_B, n: int):
+  """The guesses after a step: argmax[kept - 1] was just decided, the ones after it guess
+  the following positions (the last one repeated past the chunk)."""
+  idx = jnp.minimum(kept_B[:, None] + jnp.arange(n - 1), n - 1)
+  return jnp.take_along_axis(argmax_BxN, idx, 1)
+
+
+def next_block(argmax_BxN, kept_B, left_B, draws_BxG, n: int):
+  """("released") (guesses, left) after a step that kept `kept` tokens (the accepted guesses
+  and the decided one) of a block with `left` guesses: the block's every guess accepted, the
+  decided token starts a new block guessed by `draws` (n-1 left); else the block goes on with
+  `left - kept` guesses, the argmaxes after the decided token."""
+  full = kept_B - 1 >= left_B
+  guesses = jnp.where(full[:, None], draws_BxG, slide(argmax_BxN, kept_B, n))
+  return guesses, jnp.where(full, n - 1, left_B - kept_B)
+
+
+def context_draws(key, prompts_BxP, prompt_lens_B, tokens_BxN, out_lens_B, k: int):
+  """`[B, k]` tokens drawn uniformly with replacement from each row's context: its prompt,
+  then its first `out_lens` output tokens."""
+  b, p = prompts_BxP.shape
+  size = prompt_lens_B + out_lens_B
+  i = jnp.floor(jax.random.uniform(key, (b, k)) * size[:, None]).astype(jnp.int32)
+  i = jnp.minimum(i, size[:, None] - 1)
+  prompt = jnp.take_along_axis(prompts_BxP, jnp.clip(i, 0, max(p - 1, 0)), 1)
+  out = jnp.take_along_axis(tokens_BxN, jnp.clip(i - prompt_lens_B[:, None], 0,
+                                                 tokens_BxN.shape[1] - 1), 1)
+  return jnp.where(i < prompt_lens_B[:, None], prompt, out)
+
+
+def prefill_with_draws(fwd, prompts_BxP, prompt_lens_B, capacity: int, n: int, key):
+  """("released") The prefill of the prompts followed, in each row, by n tokens drawn from its
+  prompt at the next n positions: (the cache of the prompts alone, argmax `[B, n]` at the
+  last prompt token (the first output token) and after the first n-1 draws (block 1's
+  guesses))."""
+  b, p = prompts_BxP.shape
+  rows = jnp.arange(b)[:, None]
+  draws = context_draws(key, prompts_BxP, prompt_lens_B, prompts_BxP, jnp.zeros_like(
+      prompt_lens_B), n)
+  at = prompt_lens_B[:, None] + jnp.arange(n)  # [B, n]: right after each prompt
+  chunk = jnp.zeros((b, p + n), jnp.int32).at[:, :p].set(prompts_BxP).at[rows, at].set(draws)
+  positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b, p + n))
+  logits, kv = fwd(chunk, positions, masks.causal(prompt_lens_B + n, p + n))
+  cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
+  return cache, jnp.argmax(logits[rows, at - 1], -1).astype(jnp.int32)

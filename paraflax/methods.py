@@ -53,9 +53,13 @@ class MethodSpec:
 METHODS = {m.name: m for m in [
     MethodSpec("ar", "autoregressive: one token per forward", lambda n, s: decoders.AR(s),
                None, "greedy", {"base": "ar"}),
-    MethodSpec("jacobi", "Jacobi: a block of n guesses refined in parallel",
-               lambda n, s: decoders.Jacobi(block_size=n, sampler=s), 16, "block {n}",
-               {"base": "jacobi", "jf": "jacobi_forcing"}),
+    MethodSpec("jacobi", "Jacobi: a block of n guesses refined in parallel (paraflax's "
+               "running window)", lambda n, s: decoders.Jacobi(block_size=n, sampler=s), 16,
+               "block {n}", {"base": "jacobi", "jf": "jacobi_forcing"}),
+    MethodSpec("jacobi-released", "Jacobi as the released Jacobi Forcing code runs it: fixed "
+               "blocks, each started from tokens drawn from the context",
+               lambda n, s: decoders.Jacobi(block_size=n, sampler=s, variant="released"), 16,
+               "block {n} released", {"base": "jacobi_released", "jf": "jacobi_forcing_released"}),
     MethodSpec("jacobi-mr", "Jacobi + multi-block decoding and rejection recycling",
                mr_decoder, 16, "n{n} " + MR_SETTINGS,
                {"base": "jacobi_mr", "jf": "jacobi_forcing_mr"}),

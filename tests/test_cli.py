@@ -35,7 +35,8 @@ def test_bench_writes_the_contract_json(workdir, tmp_path):
   assert cli.main(["bench", "--workdir", str(workdir), "--prompts", "3", "--max-new-tokens",
                    "8", "--batch-size", "2", "--json", str(path)]) == 0
   rows = json.loads(path.read_text())
-  assert [r["method"] for r in rows] == ["ar", "jacobi", "jacobi_mr", "prompt_lookup"]
+  assert [r["method"] for r in rows] == ["ar", "jacobi", "jacobi_released", "jacobi_mr",
+                                         "prompt_lookup"]
   ar = rows[0]
   for row in rows[1:]:
     assert row["exact_match_vs_ar"] == 1.0  # greedy parallel decoders reproduce AR
@@ -109,8 +110,9 @@ def test_jacobi_forcing_round_trip_collect_train_bench(workdir, tmp_path):
   assert cli.main(["bench", "--workdir", str(workdir), "--jf-workdir", str(jf), "--prompts", "2",
                    "--max-new-tokens", "8", "--batch-size", "2", "--json", str(path)]) == 0
   rows = {r["method"]: r for r in json.loads(path.read_text())}
-  assert len(rows) == 6  # ar, jacobi, jacobi_mr, prompt_lookup + the two distilled rows
-  for name in ("jacobi_forcing", "jacobi_forcing_mr"):
+  assert len(rows) == 8  # ar, jacobi (two variants), jacobi_mr, prompt_lookup + the three
+  #   distilled rows
+  for name in ("jacobi_forcing", "jacobi_forcing_released", "jacobi_forcing_mr"):
     assert rows[name]["weights"] == "jf"
     assert rows[name]["exact_match_vs_ar"] == 1.0  # vs greedy AR of the distilled weights
     assert rows[name]["heldout_loss"] > 0 and rows[name]["heldout_loss"] != rows["ar"]["heldout_loss"]

@@ -127,7 +127,8 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path, hf_dir):
   (other / "tokenizer.json").write_text(json.dumps(tok))
   (tmp_path / "neither").mkdir()
   cases = [
-      (["--decoder", "medusa"], "unknown decoder 'medusa': pick one of ar, jacobi, jacobi-mr"),
+      (["--decoder", "medusa"],
+       "unknown decoder 'medusa': pick one of ar, jacobi, jacobi-released, jacobi-mr"),
       (["--decoder", "speculative"], "--decoder speculative needs a draft model: --draft DIR"),
       (["--decoder", "deer"], "--decoder deer needs a draft model: --draft DIR"),
       (["--decoder", "jacobi", "--ngram", "2"], "--ngram does not apply to the jacobi decoder"),

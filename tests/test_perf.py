@@ -240,7 +240,7 @@ def test_family_trains_and_benches_the_stages_it_is_given(request, tmp_path):
   assert [r["stage"] for r in got if "stage" in r] == ["tiny_ar"]
   assert all(r["val_loss"] > 0 for r in got if "stage" in r)
   bench = {r["method"]: r for r in got if "method" in r}
-  assert list(bench) == ["ar", "jacobi", "prompt_lookup"]
+  assert list(bench) == ["ar", "jacobi", "jacobi_released", "prompt_lookup"]
   assert all(r["exact_vs_ar"] == 1.0 and r["tokens_per_forward"] >= 1.0 for r in bench.values())
 
 

@@ -7,19 +7,30 @@ checked equal to greedy AR (docs/methods/jacobi.md).
     python scripts/jacobi_variants.py checkpoints/jacobi_forcing_r1
 """
 import sys
-import jax, numpy as np
+
+import jax
+import numpy as np
+
 import paraflax as pf
-from paraflax.loading import load_model
 from paraflax.evaluation.humaneval import humaneval_prompts
-model, tok, encode = load_model(sys.argv[1])
-prompts = humaneval_prompts(encode, 6, 192)
-ar = {n: pf.generate(model, prompts, max_new_tokens=n, eos_id=tok.eos_ids) for n in (64, 128)}
-for new in (64, 128):
-  for variant, seeds in (("window", [0]), ("released", range(5))):
-    tpf = []
-    for seed in seeds:
-      out = pf.generate(model, prompts, decoder=pf.decoders.Jacobi(16, variant=variant),
-                        max_new_tokens=new, eos_id=tok.eos_ids, rng=jax.random.key(seed))
-      assert (np.asarray(out.tokens) == np.asarray(ar[new].tokens)).all()
-      tpf.append((np.asarray(out.lengths) - 1).sum() / np.asarray(out.forwards).sum())
-    print(f"{sys.argv[1]} new={new} {variant}: {np.mean(tpf):.3f} (seeds {len(tpf)}: {np.round(tpf, 3).tolist()})", flush=True)
+from paraflax.loading import load_model
+
+
+def main(workdir: str) -> None:
+  model, tok, encode = load_model(workdir)
+  prompts = humaneval_prompts(encode, 6, 192)
+  for new in (64, 128):
+    ar = pf.generate(model, prompts, max_new_tokens=new, eos_id=tok.eos_ids)
+    for variant, seeds in (("window", [0]), ("released", range(5))):
+      tpf = []
+      for seed in seeds:
+        out = pf.generate(model, prompts, decoder=pf.decoders.Jacobi(16, variant=variant),
+                          max_new_tokens=new, eos_id=tok.eos_ids, rng=jax.random.key(seed))
+        assert (np.asarray(out.tokens) == np.asarray(ar.tokens)).all(), "not greedy AR"
+        tpf.append((np.asarray(out.lengths) - 1).sum() / np.asarray(out.forwards).sum())
+      print(f"{workdir} new={new} {variant}: {np.mean(tpf):.3f} (seeds {len(tpf)}: "
+            f"{np.round(tpf, 3).tolist()})", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

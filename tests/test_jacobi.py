@@ -324,7 +324,8 @@ def test_released_prefill_reads_draws_after_the_prompt_and_guesses_their_argmaxe
   lens = jnp.array([4, 6])
   fwd, key, n = st.Forward.of(model), jax.random.key(3), 4
   sub = jax.random.split(key)[1]  # what `init` draws with
-  cache, argmax = jac.prefill_with_draws(fwd, prompts, lens, 16, n, sub)
+  cache, logits = jac.prefill_with_draws(fwd, prompts, lens, 16, n, sub)
+  argmax = jnp.argmax(logits, -1)
   draws = jac.context_draws(sub, prompts, lens, prompts, jnp.zeros_like(lens), n)
   assert cache.lengths.tolist() == [4, 6]
   for b in range(2):

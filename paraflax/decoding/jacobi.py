@@ -88,18 +88,19 @@ class Jacobi(Decoder):
     del draft
     n, b = self.block_size, prompts.shape[0]
     capacity = self.cache_capacity(prompts.shape[1], max_new_tokens)
-    left = jnp.full((b,), n - 1, jnp.int32)
-    if self.variant == "released":
+    released = self.variant == "released"
+    prefilled, guesses, context = None, jnp.zeros((b, n - 1), jnp.int32), prompts[:, :0]
+    if released:
       rng, sub = jax.random.split(rng)
-      cache, argmax = prefill_with_draws(fwd, prompts, prompt_lens, capacity, n, sub)
-      state = st.new_state((b, max_new_tokens), prompt_lens, cache, st.no_pending(cache, n, n),
-                           st.max_steps(max_new_tokens), rng, eos_id, JacobiState,
-                           guesses=argmax[:, 1:], left=left, prompts=prompts)
-      return st.emit(state, argmax[:, :1], jnp.ones_like(prompt_lens), record=False)[0]
+      cache, logits = prefill_with_draws(fwd, prompts, prompt_lens, capacity, n, sub)
+      prefilled, context = (cache, logits[:, 0]), prompts
+      guesses = jnp.argmax(logits[:, 1:], -1).astype(jnp.int32)  # block 1's
     state = st.start(fwd, prompts, prompt_lens, max_new_tokens=max_new_tokens,
                      capacity=capacity, chunk=n, keep=n, sampler=self.sampler, rng=rng,
-                     eos_id=eos_id, cls=JacobiState, guesses=jnp.zeros((b, n - 1), jnp.int32),
-                     left=left, prompts=jnp.zeros((b, 0), jnp.int32))
+                     eos_id=eos_id, cls=JacobiState, prefilled=prefilled, guesses=guesses,
+                     left=jnp.full((b,), n - 1, jnp.int32), prompts=context)
+    if released:
+      return state
     # initial guesses: the first decided token repeated (any tokens would do)
     return state.replace(guesses=jnp.repeat(state.tokens[:, :1], n - 1, axis=1))
 
@@ -151,16 +152,16 @@ def context_draws(key, prompts_BxP, prompt_lens_B, tokens_BxN, out_lens_B, k: in
 
 def prefill_with_draws(fwd, prompts_BxP, prompt_lens_B, capacity: int, n: int, key):
   """("released") The prefill of the prompts followed, in each row, by n tokens drawn from its
-  prompt at the next n positions: (the cache of the prompts alone, argmax `[B, n]` at the
-  last prompt token (the first output token) and after the first n-1 draws (block 1's
-  guesses))."""
+  prompt at the next n positions: (the cache of the prompts alone, logits `[B, n, V]` at the
+  last prompt token (the first output token's) and after the first n-1 draws (block 1's
+  guesses'))."""
   b, p = prompts_BxP.shape
   rows = jnp.arange(b)[:, None]
   draws = context_draws(key, prompts_BxP, prompt_lens_B, prompts_BxP, jnp.zeros_like(
       prompt_lens_B), n)
   at = prompt_lens_B[:, None] + jnp.arange(n)  # [B, n]: right after each prompt
-  chunk = jnp.zeros((b, p + n), jnp.int32).at[:, :p].set(prompts_BxP).at[rows, at].set(draws)
+  chunk = jnp.pad(prompts_BxP, ((0, 0), (0, n))).at[rows, at].set(draws)
   positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b, p + n))
   logits, kv = fwd(chunk, positions, masks.causal(prompt_lens_B + n, p + n))
   cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
-  return cache, jnp.argmax(logits[rows, at - 1], -1).astype(jnp.int32)
+  return cache, logits[rows, at - 1]

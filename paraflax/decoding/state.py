@@ -137,11 +137,14 @@ def new_state(tokens_shape, prompt_lens, cache, pending, steps: int, rng, eos_id
 
 def start(fwd: Forward, prompts_BxP, prompt_lens_B, *, capacity: int, max_new_tokens: int,
           chunk: int, keep: int, sampler, rng, eos_id, cls: type = DecodeState,
-          **fields) -> DecodeState:
+          prefilled: tuple | None = None, **fields) -> DecodeState:
   """Prefill, sample the first token from the last prompt logits, and build the loop state
   (`cls` with its own `fields`) with an empty pending commit shaped for a step's chunk
-  (`chunk` tokens, `keep` rows)."""
-  cache, logits = prefill(fwd, prompts_BxP, prompt_lens_B, capacity)
+  (`chunk` tokens, `keep` rows). `prefilled`: (cache, logits at each row's last prompt token
+  [B, V]) of a prefill the decoder ran itself (default: `prefill`)."""
+  if prefilled is None:
+    prefilled = prefill(fwd, prompts_BxP, prompt_lens_B, capacity)
+  cache, logits = prefilled
   rng, sub = jax.random.split(rng)
   first = sampler.sample(sub, logits)
   state = new_state((prompts_BxP.shape[0], max_new_tokens), prompt_lens_B, cache,

@@ -3,11 +3,12 @@
 Input `[B, 2L]` = the L clean tokens (causal, positions 0..L-1, shifted next-token labels),
 then L mask tokens at the same positions 0..L-1, cut into blocks of `block_size` positions.
 A block of mask slots sees itself (bidirectionally) and the clean tokens strictly before its
-first position (`masks.tidar_train`; passed structured, `mask_structure.tidar_train`); slot i is labelled with the clean token x_i
-(unshifted). So the first slot of a block starting at s predicts x_s from x_{<s}, the same
-target as the AR output at s-1: at decoding time the two can be mixed (`TiDAR.beta`), and
-slots 2.. of a block are the drafts for the tokens after it. Every diffusion-half input is
-the mask token (the paper's full-mask strategy), so both losses average L terms and
+first position (`masks.tidar_train`; passed structured: `mask_structure.tidar_train`); slot
+i is labelled with the clean token x_i (unshifted). So the first slot of a block starting at
+s predicts x_s from x_{<s}, the same target as the AR output at s-1: at decoding time the two
+can be mixed (`TiDAR.beta`), and slots 2.. of a block are the drafts for the tokens after it.
+Every diffusion-half input is the mask token (the paper's full-mask strategy), so both losses
+average L terms and
 loss = (alpha * L_AR + L_diff) / (1 + alpha).
 """
 

@@ -1,6 +1,7 @@
 """What the attention kernels are given: a causal structure as the kernel's own causal mask
 (`attention.kernel_mask`), TiDAR's clean half as a causal call of its own
-(`attention.kernel_calls`), any other mask dense, and lengths padded to a kernel's block
+(`attention.kernel_calls`), a subcausal one (Jacobi Forcing's streams) dense under the
+kernel's causal mask, any other mask dense, and lengths padded to a kernel's block
 (`attention._padded`). tokamax's XLA implementation takes the same arguments as its kernels
 and runs here: values and gradients equal the dense reference (float32, highest)."""
 
@@ -62,7 +63,7 @@ MASKS = {
 @pytest.mark.parametrize("name", list(MASKS))
 def test_kernel_arguments_equal_the_dense_mask(name, block):
   """Every objective's mask as a kernel gets it (causal: `is_causal`, with key lengths where
-  the kernel takes them; others dense), lengths padded as splash attention pads them."""
+  the kernel takes them; subcausal: `is_causal` and dense; others dense), lengths padded as splash attention pads them."""
   mask = MASKS[name]()
   q, k, v = _qkv(*mask.shape)
   with jax.default_matmul_precision("highest"):
@@ -70,7 +71,7 @@ def test_kernel_arguments_equal_the_dense_mask(name, block):
                             q, k, v)
     calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1)
     causal = (mask.rule in (ms.causal_rule, ms.full_causal_rule)
-              and (block == 1 or mask.rule is ms.full_causal_rule))
+              and (block == 1 or mask.rule is ms.full_causal_rule)) or mask.rule in ms.SUBCAUSAL
     assert [c[3] for c in calls] == ([True, False] if mask.causal_rows else [causal])
 
     def kernels(q, k, v):
@@ -78,6 +79,17 @@ def test_kernel_arguments_equal_the_dense_mask(name, block):
                                        block) for r0, r1, keys, causal, arrays in calls], 1)
     got = _value_and_grads(kernels, q, k, v)
   _assert_close(got, want)
+
+
+@pytest.mark.parametrize("mask", [MASKS["noise_aware"](), ms.block_causal(
+    jnp.array([[0, 0, 0, 1, 1, 2, 2, 2, 2, 3]] * 2))], ids=["noise_aware", "block_causal"])
+def test_a_subcausal_mask_sees_no_later_key_and_always_its_own(mask):
+  """`SUBCAUSAL` is a claim about the rule: a kernel's causal mask on top changes no pair."""
+  assert mask.rule in ms.SUBCAUSAL
+  dense = np.asarray(mask.dense())
+  t = dense.shape[1]
+  assert not (dense & ~np.tril(np.ones((t, t), bool))).any()
+  assert dense[:, np.arange(t), np.arange(t)].all()
 
 
 def test_tidar_trains_clean_half_sees_exactly_its_causal_keys():

@@ -155,12 +155,15 @@ def kernel_calls(mask, t: int, lengths: bool = True) -> list[tuple]:
 def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:
   """(is_causal, the mask's arrays) as a kernel takes them: a causal `Structured` as its
   causal mask (with `key_value_seq_lengths` for rows with padding keys, where the kernel
-  takes `lengths`; splash attention does not), anything else as the dense `mask`."""
+  takes `lengths`; splash attention does not), a `SUBCAUSAL` one (Jacobi Forcing's streams)
+  dense under the causal mask (the kernel skips the tiles above the diagonal), anything else
+  as the dense `mask`."""
   if isinstance(mask, Structured) and mask.rule is mask_structure.full_causal_rule:
     return True, {}
   if lengths and isinstance(mask, Structured) and mask.rule is mask_structure.causal_rule:
     return True, {"key_value_seq_lengths": mask.keys["valid"].sum(1, dtype=jnp.int32)}
-  return False, {"mask": _dense_mask(mask)}
+  subcausal = isinstance(mask, Structured) and mask.rule in mask_structure.SUBCAUSAL
+  return subcausal and mask.shape[1] == mask.shape[2], {"mask": _dense_mask(mask)}
 
 
 def _dense_mask(mask):

@@ -13,8 +13,9 @@ to apply) or PARTIAL, computed one block of queries at a time from the metadata,
 holds the dense mask; the layout is the same for every layer and head of a step.
 
 `attention.attend` gives a kernel the causal rules (`causal_rule`, `full_causal_rule`) as
-its own causal mask, which skips the tiles above the diagonal (`attention.kernel_mask`); any
-other rule reaches it dense.
+its own causal mask, which skips the tiles above the diagonal (`attention.kernel_mask`); a
+rule in `SUBCAUSAL` (no key after its query) reaches it dense with the causal mask on top, so
+the kernel still skips those tiles; any other rule reaches it dense.
 
 Per-query key ranges alone cannot express Jacobi Forcing's interleaved streams (a noisy block
 sees the prompt and the earlier noisy blocks, not the clean blocks between them), or the
@@ -129,6 +130,11 @@ def noise_aware_rule(q, k):
   """`masks.noise_aware`: earlier (or same) prompt keys and keys of the query's stream."""
   see = (k["i"] <= q["i"]) & ((k["kind"] == PROMPT) | (k["kind"] == q["kind"]))
   return (see & k["valid"]) | _pad_self(q, k)
+
+
+# rules that allow no key after its query (k["i"] <= q["i"]) and always the query's own key
+# (no empty row): a kernel's causal mask over T = K keys changes none of their pairs
+SUBCAUSAL = (block_causal_rule, noise_aware_rule)
 
 
 def tidar_rule(q, k):

@@ -1,8 +1,9 @@
 """Jacobi Forcing data: the progressive noise schedule (paper Eq. 7), the choice of a noisy
 point on each block's Jacobi trajectory, and the packed training sequence
 [prompt, noisy_1, clean_1, noisy_2, clean_2, ...] whose noisy/clean pairs share positions.
-The attention mask for it is `masks.noise_aware`; the data side is host numpy + grain, the
-loss (`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
+The attention mask for it is `masks.noise_aware`, passed structured
+(`mask_structure.noise_aware`); the data side is host numpy + grain, the loss
+(`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraflax.data.source import TrainData, register_source
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.model.masks import CLEAN, NOISY, PROMPT
 from paraflax.training.objectives.head_loss import cross_entropy
 from paraflax.training.objectives.means import Loss, Mean
@@ -236,7 +237,7 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   del rng
   if consistency not in ("soft", "hard"):
     raise ValueError(f"consistency must be 'soft' or 'hard', got {consistency!r}")
-  mask = masks.noise_aware(batch["kinds"], batch["valid"])
+  mask = mask_structure.noise_aware(batch["kinds"], batch["valid"])  # a kernel: causal + dense
   hidden_BxLxD, _ = model(batch["tokens"], batch["positions"], mask, hidden=True)
   partner = batch["partner"]
   w = batch["kl_weights"]

@@ -19,7 +19,8 @@ MR_SETTINGS = "K1 pool16 C3"  # the bench's MR: the best of README's sweep at 64
 
 
 def mr_decoder(n: int = 16, sampler=None):
-  """The bench's Jacobi + MR decoder (`MR_SETTINGS`, the "stream" recycling rule)."""
+  """The bench's Jacobi + MR decoder (`MR_SETTINGS`; paraflax's variant, its "stream"
+  recycling rule; the released loop is `jacobi-mr-released`)."""
   return decoders.JacobiMR(block_size=n, num_blocks=1, pool_size=16, num_candidates=3,
                            sampler=sampler or sampling.Greedy())
 
@@ -60,9 +61,16 @@ METHODS = {m.name: m for m in [
                "blocks, each started from tokens drawn from the context",
                lambda n, s: decoders.Jacobi(block_size=n, sampler=s, variant="released"), 16,
                "block {n} released", {"base": "jacobi_released", "jf": "jacobi_forcing_released"}),
-    MethodSpec("jacobi-mr", "Jacobi + multi-block decoding and rejection recycling",
+    MethodSpec("jacobi-mr", "Jacobi + multi-block decoding and rejection recycling (paraflax's "
+               "running window and whole-generation pool)",
                mr_decoder, 16, "n{n} " + MR_SETTINGS,
                {"base": "jacobi_mr", "jf": "jacobi_forcing_mr"}),
+    MethodSpec("jacobi-mr-released", "Jacobi + MR as the released Jacobi Forcing code runs it: "
+               "fixed blocks from context draws, a pool of 4 made anew for every block, K = 2",
+               lambda n, s: decoders.JacobiMR(block_size=n, num_blocks=2, pool_size=4,
+                                              sampler=s, variant="released"), 16,
+               "n{n} K2 pool4 r0.85 released",
+               {"base": "jacobi_released_mr", "jf": "jacobi_forcing_released_mr"}),
     MethodSpec("prompt-lookup", "prompt lookup: drafts copied from an earlier n-gram match",
                lambda n, s: decoders.PromptLookup(max_ngram=3, num_tokens=n, sampler=s), 8,
                "n<=3 k={n}", {"base": "prompt_lookup"}),

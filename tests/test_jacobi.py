@@ -270,7 +270,8 @@ def test_stream_entries_are_the_last_n_tokens_and_the_in_flight_drafts():
   20-23; row 1 emitted only 7, a fresh RA 30 31 32. Then each row's fresh RA drafts."""
   m = _stream([[10, 20, 21, 22, 23, 0, 0], [30, 31, 32, 0, 0, 0, 0]], [1, 3], [1, 0], [[1], [0]])
   tokens = jnp.array([[1, 2, 3, 4, 5, -1], [7, -1, -1, -1, -1, -1]])
-  stream, fresh = jax.jit(mr.stream_entries, static_argnums=3)(m, tokens, jnp.array([5, 1]), 4)
+  entries = jax.jit(recycling.stream_entries, static_argnums=3)
+  stream, fresh = entries(m, tokens, jnp.array([5, 1]), 4)
   np.testing.assert_array_equal(stream, [[2, 3, 4, 5, 10, 20, 21, 22, 23, -1, -1],
                                          [7, 30, 31, 32] + [-1] * 7])
   np.testing.assert_array_equal(fresh, [[10] + [-1] * 10, [30, 31, 32] + [-1] * 8])

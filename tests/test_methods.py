@@ -28,15 +28,16 @@ def test_every_entry_builds_a_decoder_of_its_kind():
 
 @pytest.mark.fast
 def test_cli_names_and_the_bench_row_names():
-  assert methods.names() == ["ar", "jacobi", "jacobi-released", "jacobi-mr", "prompt-lookup",
-                             "tidar", "deer", "speculative"]
+  assert methods.names() == ["ar", "jacobi", "jacobi-released", "jacobi-mr",
+                             "jacobi-mr-released", "prompt-lookup", "tidar", "deer",
+                             "speculative"]
   assert methods.names("infill") == ["any-order", "assd", "assd-ngram"]
   assert [m.name for m in bench_methods()] == ["jacobi", "jacobi_released", "jacobi_mr",
-                                               "prompt_lookup"]
+                                               "jacobi_released_mr", "prompt_lookup"]
   every = bench_methods({"jf": "JF", "tidar": "TD"}, {"deer": ("D", 50), "ar_drafter": ("A", 60)})
   assert [m.name for m in every] == [
       "jacobi", "jacobi_forcing", "jacobi_released", "jacobi_forcing_released", "jacobi_mr",
-      "jacobi_forcing_mr", "prompt_lookup",
+      "jacobi_forcing_mr", "jacobi_released_mr", "jacobi_forcing_released_mr", "prompt_lookup",
       "tidar_k4", "tidar_k8", "tidar_k16", "deer_k4", "deer_k8", "deer_k16",
       "spec_ar_k4", "spec_ar_k8", "spec_ar_k16"]
   by_name = {m.name: m for m in every}

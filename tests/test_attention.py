@@ -182,7 +182,14 @@ def test_auto_rule():
   assert r("auto", "gpu", bf16, max_len=4096, rows=4096) == "cudnn"
   assert r("auto", "gpu", bf16, max_len=4096, rows=72, cached=True) == "cudnn"  # wide step
   assert r("auto", "tpu", bf16, max_len=4096, rows=4096) == ("mosaic", "xla_chunked")
-  assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
+  # a 16-bit decode step on a GPU: the decode kernel (one per layer); float32 and TPUs dense
+  assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "gpu_decode"
+  assert r("auto", "gpu", bf16, max_len=4096, rows=64, cached=True) == "gpu_decode"
+  assert r("auto", "gpu", f32, max_len=4096, rows=1, cached=True) == "xla"
+  assert r("auto", "tpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
+  # named: steps over a cache take it (interpreted on the CPU); other calls resolve as "auto"
+  assert r("gpu_decode", "cpu", f32, max_len=4096, rows=1, cached=True) == "gpu_decode"
+  assert r("gpu_decode", "gpu", bf16, max_len=4096, rows=512) == "cudnn"
   for name in ("xla", "xla_chunked"):  # explicit values are taken as given
     assert r(name, "cpu", f32, max_len=64, rows=1, cached=True) == name
   assert r("cudnn", "gpu", bf16) == "cudnn"

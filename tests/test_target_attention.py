@@ -60,8 +60,8 @@ def _compile(target, fn, *args, mesh=None) -> str:
     return jax.jit(fn).lower(*args).compile().as_text()
 
 
-def _abstract_model(platform: str, attention_: str = "auto"):
-  cfg = model_config("micro", "bfloat16", max_seq_len=MAX_LEN)
+def _abstract_model(platform: str, attention_: str = "auto", **shape):
+  cfg = model_config("micro", "bfloat16", max_seq_len=MAX_LEN, **shape)
   run = RunControl(platform=platform, attention=attention_)
   return nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0), run=run))
 
@@ -85,9 +85,9 @@ def _train_step_text(target, devs, mesh_shape, attention_: str = "auto") -> str:
 
 
 def _decode_text(target, devs, mesh_shape, decoder, prompt_len: int,
-                 attention_: str = "auto") -> str:
+                 attention_: str = "auto", **shape) -> str:
   """`pf.generate_fn`'s loop (4 rows, 16 new tokens) with weights and rows on a mesh."""
-  model = _abstract_model(target.platform, attention_)
+  model = _abstract_model(target.platform, attention_, **shape)
   mesh = _mesh(devs, mesh_shape)
   params = sharding.abstract_state(nnx.state(model), mesh)
   fn = pf.generate_fn(model, decoder, max_new_tokens=16, eos_id=2)
@@ -169,3 +169,19 @@ def test_gpu_kernels_compile_sharded_on_two_gpus(kernel, program):
   else:
     text = _decode_text(target, devs, (2, 1, 1), pf.decoders.AR(), 64, kernel)
   assert KERNEL_CALLS[kernel] in text
+
+
+def test_gpu_decode_steps_run_the_decode_kernel_over_the_cache_in_place():
+  """A 16-bit decode loop on one H200 (heads 16 wide, as the kernel takes): AR's and
+  Jacobi's steps call the decode kernel once per layer, each given the whole stacked cache
+  (so no layer's slots are copied out of it); micro's 8-wide heads stay dense."""
+  target, devs = _target("h200")
+  for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(8)):
+    text = _decode_text(target, devs, (1, 1, 1), decoder, 64, d_model=64)
+    calls = [line for line in text.splitlines()
+             if "paraflax_decode_attention" in line and "custom-call(" in line]
+    assert len(calls) >= 2, type(decoder).__name__  # the micro shape's 2 layers
+    cache = "bf16[2,4,"  # [layers, rows, slots, kv heads, head dim]
+    assert all(line.count(cache) >= 2 for line in calls)
+  dense = _decode_text(target, devs, (1, 1, 1), pf.decoders.AR(), 64)
+  assert "paraflax_decode_attention" not in dense

@@ -16,6 +16,11 @@ implementation:
                attention tiles queries and keys in blocks of `KERNEL_BLOCK` (128): other
                lengths are padded to its multiple (`_padded`; padding keys are never seen).
   triton       tokamax Pallas Triton flash attention (GPU).
+  gpu_decode   paraflax's Pallas Triton decode kernel (`decode_attention.py`) for a call over a
+               cache with at most `DECODE_ROWS` query rows: one kernel per layer, the cache
+               read in place; any other call resolves as "auto" would. On the CPU it runs
+               interpreted (tests); under a mesh of several devices, or for heads
+               narrower than 16 (`decode_attention.supports`), it is dense xla.
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
                mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);
                lengths padded to multiples of `CUDNN_BLOCK`, as splash attention's.
@@ -43,11 +48,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from paraflax.model import mask_structure
+from paraflax.model import decode_attention, mask_structure
+from paraflax.model.cache import CacheLayer
+from paraflax.model.decode_attention import decode_attend
 from paraflax.model.mask_structure import Structured
 from paraflax.parallel import sharding
 
-IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn", "gpu_decode")
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (docs/scaling.md, Attention; at model level
 # `paraflax perf slots` / `perf train --attention xla|xla_chunked` measure the same choice):
@@ -65,7 +72,8 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   model's `max_len`; query `rows` and whether there is a cache, for the decode rule).
 
   "auto", in order: (1) decode rule: a call over a cache with <= `DECODE_ROWS` query rows
-  runs "xla" (fastest there, reads the cache in place, memory linear in S for few rows);
+  runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer), else "xla" (reads
+  the cache in place, memory linear in S for few rows);
   (2) on CPU or with float32 compute (float32 exactness, DESIGN invariant 1, needs a path
   that honours the matmul precision) "xla" for a model with max_seq_len <= `DENSE_MAX_LEN`,
   else "xla_chunked"; (3) with 16-bit compute, on GPU "cudnn" (cuDNN's fused flash
@@ -76,13 +84,16 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   """
   if attention not in IMPLEMENTATIONS:
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {attention!r}")
+  decode = cached and rows <= DECODE_ROWS
+  if attention == "gpu_decode" and not decode:
+    attention = "auto"
   if attention != "auto":
     if attention in ACCELERATED and backend == "cpu":
       raise ValueError(f"attention={attention!r} needs a GPU or TPU; this backend is cpu "
                        "(use 'auto', 'xla' or 'xla_chunked')")
     return attention
-  if cached and rows <= DECODE_ROWS:
-    return "xla"
+  if decode:
+    return "gpu_decode" if backend == "gpu" and jnp.dtype(dtype) != jnp.float32 else "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla" if max_len is not None and max_len <= DENSE_MAX_LEN else "xla_chunked"
   return "cudnn" if backend == "gpu" else ("mosaic", "xla_chunked")
@@ -91,15 +102,26 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
 def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla",
            cache_kv=None, max_len: int | None = None, backend: str | None = None):
   """Masked attention `[B, T, H, D]` over keys [cache slots | chunk]: k, v `[B, T', Hkv, D]`
-  (T' = T, or fewer for two-stream calls), `cache_kv` None or (k, v) `[B, S, Hkv, D]` (cast
-  to q's dtype), mask `[B, T, S+T']` (bool or `Structured`). `attention`, `max_len` and
-  `backend` (the platform to resolve for; None: the default backend): see `resolve`. A
-  kernel under a mesh runs in a shard_map (`_shard_mapped`)."""
+  (T' = T, or fewer for two-stream calls), `cache_kv` None, (k, v) `[B, S, Hkv, D]` or a
+  `CacheLayer` of the stacked cache (cast to q's dtype), mask `[B, T, S+T']` (bool or
+  `Structured`). `attention`, `max_len` and `backend` (the platform to resolve for; None:
+  the default backend): see `resolve`. A kernel under a mesh runs in a shard_map
+  (`_shard_mapped`)."""
   q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = map(jnp.asarray, (q_BxTxHxD, k_BxTxKxD, v_BxTxKxD))
-  s = 0 if cache_kv is None else cache_kv[0].shape[1]
+  if isinstance(cache_kv, tuple):
+    cache_kv = CacheLayer(cache_kv[0][None], cache_kv[1][None], 0)
+  s = 0 if cache_kv is None else cache_kv.k.shape[2]
   t, dt = q_BxTxHxD.shape[1], q_BxTxHxD.dtype
-  impl = resolve(attention, backend or jax.default_backend(), dt, max_len=max_len, rows=t,
-                 cached=cache_kv is not None)
+  backend = backend or jax.default_backend()
+  impl = resolve(attention, backend, dt, max_len=max_len, rows=t, cached=cache_kv is not None)
+  mesh = sharding.context_mesh()
+  if (impl == "gpu_decode" and (mesh is None or mesh.size == 1)
+      and decode_attention.supports(q_BxTxHxD.shape[-1])):
+    return decode_attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, _dense_mask(mask_BxTxS), cache_kv.k,
+                         cache_kv.v, cache_kv.layer, interpret=backend == "cpu")
+  cache_kv = None if cache_kv is None else cache_kv.kv()
+  if impl == "gpu_decode":  # under a mesh (a call XLA cannot partition), or heads it declines
+    impl = "xla"
   kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
   if impl == "xla":
     return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, _dense_mask(mask_BxTxS), cache_kv)

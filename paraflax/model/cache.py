@@ -39,6 +39,19 @@ class KVCache:
     return self.slots - 1
 
 
+@struct.dataclass
+class CacheLayer:
+  """Layer `layer` of a stacked cache, not sliced out: a kernel reads it in place
+  (`decode_attention`), the other paths take `kv()`."""
+  k: jax.Array  # [layers, B, S, Hkv, Dh]
+  v: jax.Array
+  layer: int = struct.field(pytree_node=False)
+
+  def kv(self) -> tuple[jax.Array, jax.Array]:
+    """The layer's (k, v) `[B, S, Hkv, Dh]`."""
+    return self.k[self.layer], self.v[self.layer]
+
+
 def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
   """An empty cache with `capacity` usable slots per row (+1 spare).
 

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from paraflax.model.attention import attend
-from paraflax.model.cache import ChunkKV, KVCache
+from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
 from paraflax.model.mask_structure import Structured
 from paraflax.model.run import REMAT_POLICIES, RunControl
@@ -131,8 +131,8 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
       self.k_norm = RMSNorm(dh, cfg.rms_eps, pd, name=None)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache_k, cache_v, inv_freq, t_kv,
-               attention, backend):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxK, cache: CacheLayer | None, inv_freq,
+               t_kv, attention, backend):
     """Rows `:t_kv` of x are content tokens (they make the keys/values); rows after them are
     query-stream rows (they only query); `attention`, `backend`: `RunControl.attention` and
     the platform it resolves for (`RunControl.backend()`)."""
@@ -148,8 +148,7 @@ class Attention(nnx.Module):
     q = apply_rope(q, positions_BxT, inv_freq)
     k = apply_rope(k, positions_BxT[:, :t_kv], inv_freq)
 
-    cache_kv = None if cache_k is None else (cache_k, cache_v)
-    out = attend(q, k, v, mask_BxTxK, attention=attention, cache_kv=cache_kv,
+    out = attend(q, k, v, mask_BxTxK, attention=attention, cache_kv=cache,
                  max_len=cfg.max_seq_len, backend=backend)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt)), (k, v)
 
@@ -176,24 +175,24 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention, backend):
-    a, kv = self.attn(self.attn_norm(x), positions, mask, cache_k, cache_v, inv_freq, t_kv,
-                      attention, backend)
+  def __call__(self, x, positions, mask, cache, inv_freq, t_kv, attention, backend):
+    a, kv = self.attn(self.attn_norm(x), positions, mask, cache, inv_freq, t_kv, attention,
+                      backend)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
 
 def _layer_call(remat: str, attention: str, backend: str, inv_freq: np.ndarray, t_kv: int):
-  """`run(layer, x, positions, mask, cache_k, cache_v) -> (x, (k, v))`, rematerialised as
-  `remat` (resolved) says. The host constants (RoPE frequencies, content rows, the attention
+  """`run(layer, x, positions, mask, cache) -> (x, (k, v))` (`cache`: a `CacheLayer` or
+  None), rematerialised as `remat` (resolved) says. The host constants (RoPE frequencies, content rows, the attention
   setting) are closed over, so they stay static under `jax.checkpoint`; a missing cache (None)
   is an empty pytree. The layer
   goes through `jax.checkpoint` as a (graphdef, state) split, not `nnx.remat`: a layer never
   mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
   graph updates refuse to touch from the checkpoint's trace."""
-  def run(layer, x, positions, mask, cache_k, cache_v):
+  def run(layer, x, positions, mask, cache):
     x = sharding.constrain_batch(x)  # rows stay split over the batch axes (FSDP)
-    return layer(x, positions, mask, cache_k, cache_v, inv_freq, t_kv, attention, backend)
+    return layer(x, positions, mask, cache, inv_freq, t_kv, attention, backend)
   if REMAT_POLICIES[remat] is None:
     return run
 
@@ -221,7 +220,8 @@ def _scan_layers(layers, run, x, positions, mask, cache: KVCache | None):
 
   def body(x, xs):
     state, cache_k, cache_v = xs
-    return run(nnx.merge(graphdef, state), x, positions, mask, cache_k, cache_v)
+    layer = None if cache_k is None else CacheLayer(cache_k[None], cache_v[None], 0)
+    return run(nnx.merge(graphdef, state), x, positions, mask, layer)
   cache_kv = (None, None) if cache is None else (cache.k, cache.v)
   return jax.lax.scan(body, x, (stacked, *cache_kv))
 
@@ -272,9 +272,9 @@ class Transformer(nnx.Module):
     else:
       ks, vs = [], []
       for i, layer in enumerate(self.layers):
-        ck = None if cache is None else cache.k[i]
-        cv = None if cache is None else cache.v[i]
-        x, (k, v) = call(layer, x, positions_BxT, mask, ck, cv)
+        # the whole stack and the layer's index: a kernel reads the layer in place
+        layer_cache = None if cache is None else CacheLayer(cache.k, cache.v, i)
+        x, (k, v) = call(layer, x, positions_BxT, mask, layer_cache)
         ks.append(k)
         vs.append(v)
       ks, vs = jnp.stack(ks), jnp.stack(vs)

@@ -8,7 +8,12 @@
   "highest" matmuls (`perf decode`'s `exact_vs_ar` at the plan's shape), the decoders' own
   settings.
 
-One row of kind `numerics` per check (`check`: "loss_grad" or "greedy_equal_ar").
+- The GPU decode kernel (`model/decode_attention.py`, what "auto" runs for a 16-bit decode
+  step on a GPU) against the dense path over the same cache, in float32 and bf16, for one
+  row and a block of 16 (interpreted where the backend is not a GPU).
+
+One row of kind `numerics` per check (`check`: "loss_grad", "decode_kernel" or
+"greedy_equal_ar").
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class NumericsPlan:
   new_tokens: int = 48
   loss_rtol: float = 2e-2  # |loss - reference| / |reference|
   grad_rtol: float = 5e-2  # ||grad - reference|| / ||reference||, over every parameter
+  kernel_rtol: dict = dataclasses.field(  # the decode kernel's ||out - dense|| / ||dense||
+      default_factory=lambda: {"float32": 1e-3, "bfloat16": 2e-2})
 
 
 def loss_and_grad(cfg, attention: str, params, graphdef, batch, key):
@@ -92,14 +99,57 @@ def objective_row(name: str, plan: NumericsPlan) -> dict:
           "grad_rtol": plan.grad_rtol, "ok": bool(ok and np.isfinite(r["loss"]))}
 
 
+def decode_kernel_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
+  """The decode kernel's output against the dense path's: the plan's model heads, 4 rows of
+  a 2-layer cache of 257 slots filled to different lengths, `rows` query rows, `dtype`."""
+  import jax
+  import jax.numpy as jnp
+
+  from paraflax.model import attention, masks
+  from paraflax.model.decode_attention import decode_attend
+  from paraflax.perf.shapes import model_config
+  cfg = model_config(plan.shape, dtype)  # heads narrower than the kernel takes: 16 wide
+  h, hkv, s, dt = cfg.n_heads, cfg.n_kv_heads, 257, jnp.dtype(dtype)
+  d = max(cfg.dim_per_head, 16)
+  k = jax.random.split(jax.random.key(0), 5)
+  cache = [jax.random.normal(k[i], (2, 4, s, hkv, d), dt) for i in (0, 1)]
+  q = jax.random.normal(k[2], (4, rows, h, d), dt)
+  chunk = [jax.random.normal(k[i], (4, rows, hkv, d), dt) for i in (3, 4)]
+  mask = masks.decode(jnp.array([1, 60, 200, s - 1]), s, rows)
+  interpret = jax.default_backend() != "gpu"
+  with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
+    got = jax.jit(lambda *a: decode_attend(*a, 1, interpret=interpret))(q, *chunk, mask, *cache)
+    want = jax.jit(lambda q, k, v, m, ck, cv: attention._dense(q, k, v, m, (ck[1], cv[1])))(
+        q, *chunk, mask, *cache)
+  got, want = (np.asarray(x, np.float64) for x in (got, want))
+  rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+  return {"check": "decode_kernel", "decoder": f"{rows} query rows", "dtype": dtype,
+          "rows": rows, "batch": 4, "seq_len": s, "attention": "gpu_decode", "reference": "xla",
+          "heads": [h, hkv, d], "interpret": interpret, "rel_l2": rel,
+          "rtol": plan.kernel_rtol[dtype], "ok": bool(rel <= plan.kernel_rtol[dtype])}
+
+
 def run(plan: NumericsPlan, add, log) -> list[str]:
-  """One row per objective, then one per (decoder, batch); the errors of the checks that
-  failed to run (the others still run). A check that ran and missed its tolerance is a row
-  with `ok` false, and an error too."""
+  """The decode kernel's rows, one row per objective, then one per (decoder, batch); the
+  errors of the checks that failed to run (the others still run). A check that ran and
+  missed its tolerance is a row with `ok` false, and an error too."""
   errors = []
   for name in plan.objectives:
     if name not in RECIPES:
       raise ValueError(f"unknown objective {name!r}: pick from {', '.join(RECIPES)}")
+  for dtype in ("float32", "bfloat16"):  # first: seconds each, and a default's only check
+    for rows in (1, 16):
+      try:
+        row = add({"kind": "numerics", "shape": plan.shape,
+                   **decode_kernel_row(plan, dtype, rows)})
+      except Exception as e:  # a finding; the other checks still run
+        errors.append(f"numerics: decode kernel {dtype} x{rows}: {type(e).__name__}: {e}"[:400])
+        log(errors[-1])
+        continue
+      log(f"[numerics] decode kernel {dtype}, {rows} rows: rel L2 {row['rel_l2']:.2e}: "
+          f"{'ok' if row['ok'] else 'OUT OF TOLERANCE'}")
+      if not row["ok"]:
+        errors.append(f"numerics: decode kernel {dtype} x{rows}: differs from the dense path")
   for name in plan.objectives:
     try:
       row = add({"kind": "numerics", "shape": plan.shape, "dtype": plan.dtype,

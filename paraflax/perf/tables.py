@@ -52,7 +52,8 @@ COLUMNS = {
                   f"{r['grad_rel_l2']:.1e} ({r['grad_cos']:.5f})"),
                  ("exact vs AR", lambda r: fmt(r.get("exact_vs_ar"))),
                  ("tolerance", lambda r: f"{r['loss_rtol']:g} / {r['grad_rtol']:g}"
-                  if "loss_rtol" in r else "token equal"),
+                  if "loss_rtol" in r else f"rel L2 {r['rel_l2']:.1e} <= {r['rtol']:g}"
+                  if "rtol" in r else "token equal"),
                  ("ok", lambda r: "yes" if r["ok"] else "**no**")],
     "slots": [("shape", lambda r: r["shape"]), ("dtype", lambda r: r["dtype"]),
               ("cache", lambda r: r["cache_len"]), ("batch", lambda r: r["batch"]),

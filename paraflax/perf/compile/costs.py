@@ -5,7 +5,9 @@ program does not look cheaper the more of its work moves into custom calls.
 
   GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions)
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
-                         dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
+                         dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal;
+                         the decode kernel (`decode_attention`): S = cache slots + chunk, and
+                         its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
   every custom call      bytes: its operands plus its results
 
@@ -21,7 +23,8 @@ import math
 import re
 
 from paraflax import hlo
-from paraflax.perf.compile.kernels import Program
+from paraflax.model.decode_attention import KERNEL_NAME
+from paraflax.perf.compile.kernels import Program, custom_call_class
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
                "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2,
@@ -95,7 +98,11 @@ class Costs:
       if flops is None:
         out["uncosted"] += 1
         flops = 0.0
-      out["bytes"] += sum(nbytes(shapes.get(o, "")) for o in call.operands) + nbytes(call.shape)
+      sizes = [nbytes(shapes.get(o, "")) for o in call.operands]
+      if custom_call_class(call) == f"attention:{KERNEL_NAME}":  # reads one layer of the cache
+        for i in (4, 5):
+          sizes[i] /= arrays(shapes[call.operands[i]])[0][1][0]
+      out["bytes"] += sum(sizes) + nbytes(call.shape)
       out["flops"] += flops
     return out
 
@@ -104,7 +111,6 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   """FLOPs of a custom call (module docstring): a GEMM's and an attention kernel's from their
   shapes, 0 for any other (costed by its bytes); None for a GEMM or attention call whose
   shapes do not say."""
-  from paraflax.perf.compile.kernels import custom_call_class
   kind = custom_call_class(ins)
   ops = [arrays(shapes.get(o, "")) for o in ins.operands]
   if kind == "gemm":
@@ -116,6 +122,9 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
     lhs = ops[0][0][1]
     dims = [int(d.strip().strip('"\\')) for d in contracting.group(1).split(",") if d.strip()]
     return 2.0 * math.prod(result[0][1]) * math.prod(lhs[d] for d in dims)
+  if kind == f"attention:{KERNEL_NAME}":  # q [B, T, Hkv, G, D], chunk k [B, U, ...], the caches
+    q, chunk, cache = (arrays(shapes.get(ins.operands[i], ""))[0][1] for i in (0, 1, 4))
+    return 4.0 * math.prod(q) * (cache[2] + chunk[1])
   if kind.startswith("attention:"):  # q and k: the first two floating operands of rank >= 3
     qk = [a[0][1] for a in ops if a and a[0][0] in ("bf16", "f16", "f32") and len(a[0][1]) >= 3]
     if len(qk) < 2:

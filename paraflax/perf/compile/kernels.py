@@ -154,7 +154,8 @@ def custom_call_class(ins: hlo.Instruction) -> str:
 
 
 def kernel_name(ins: hlo.Instruction) -> str | None:
-  """The kernel name a Pallas / Mosaic custom call carries in its backend config."""
+  """The kernel name a Pallas / Mosaic custom call carries in its backend config (JSON, or
+  a Pallas Triton call's MLIR attribute dict)."""
   config = ins.attribute("backend_config")
   if not config:
     return None
@@ -162,6 +163,9 @@ def kernel_name(ins: hlo.Instruction) -> str | None:
     m = re.search(rf'\\?"{key}\\?"\s*:\s*\\?"([^"\\]+)', config)
     if m:
       return m.group(1)
+  m = re.search(r'\bname = "([^"]+)"', config)  # a Pallas Triton call's MLIR attributes
+  if m:
+    return m.group(1)
   try:
     return json.loads(config).get("name")
   except (ValueError, AttributeError):

@@ -1,0 +1,114 @@
+"""Attention of a decode step in one GPU kernel per layer: a Pallas (Triton) kernel that reads
+the layer's keys and values in place from the stacked cache and the step's own chunk, under
+the step's dense mask.
+
+`decode_attend(q, k, v, mask, cache_k, cache_v, layer)`: queries `[B, T, H, D]` attend the
+keys [cache slots S | chunk tokens T'] under the bool mask `[B, T, S+T']`, grouped-query
+(H = G * Hkv). `cache_k`, `cache_v` are the whole stacked cache `[L, B, S, Hkv, D]` and
+`layer` the static layer index: the kernel loads layer `layer`'s slots itself, so no step
+copies a cache slice out or concatenates the chunk to it (the dense path's per-layer slice,
+its float32 scores `[B, Hkv, G, T, S]` and their softmax passes are one kernel here).
+
+One program per (row, kv head, tile of query rows): its G query heads x T rows (padded to
+powers of two, at least 16 in all, at most `MAX_ROWS` per program, as a tile of its dots)
+run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk. Scores of masked pairs are the float32 minimum, as on
+the dense path: a row with no visible key averages the values it was shown (its output is
+ignored: padding queries). `interpret=True` runs the same kernel on the CPU (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+BLOCK_K = 64  # cache slots per iteration of the kernel's loop
+MIN_ROWS = 16  # the smallest tile a Triton dot takes
+MAX_ROWS = 64  # the largest: a wider step's rows split over more programs
+KERNEL_NAME = "paraflax_decode_attention"  # its custom call's name (`perf compile` costs it)
+_NEG = jnp.finfo(jnp.float32).min
+
+
+def supports(head_dim: int) -> bool:
+  """Whether the kernel takes heads of `head_dim`: a Triton dot's power of two, >= 16."""
+  return head_dim >= MIN_ROWS and head_dim == _pow2(head_dim)
+
+
+def _pow2(n: int) -> int:
+  return 1 << (n - 1).bit_length()
+
+
+def decode_attend(q_BxTxHxD, k_BxUxKxD, v_BxUxKxD, mask_BxTxS, cache_k, cache_v, layer: int, *,
+                  interpret: bool = False):
+  """`[B, T, H, D]` attention of the step's queries over layer `layer` of the stacked cache
+  `[L, B, S, Hkv, D]` and the chunk's keys `[B, T', Hkv, D]` (module docstring)."""
+  b, t, h, d = q_BxTxHxD.shape
+  u, hkv = k_BxUxKxD.shape[1], k_BxUxKxD.shape[2]
+  s, g, dt = cache_k.shape[2], h // hkv, q_BxTxHxD.dtype
+  gp = _pow2(g)
+  tp, up = max(_pow2(t), MIN_ROWS // gp), max(_pow2(u), MIN_ROWS)  # the rows: tp x gp
+  tq = min(tp, max(1, MAX_ROWS // gp))  # a program's rows: tq x gp
+  pad = lambda x, *widths: jnp.pad(x, [(0, 0), *((0, w) for w in widths)])
+  q = pad(q_BxTxHxD.reshape(b, t, hkv, g, d), tp - t, 0, gp - g, 0)
+  k_new, v_new = (pad(x.astype(dt), up - u, 0, 0) for x in (k_BxUxKxD, v_BxUxKxD))
+  mask = pad(mask_BxTxS, tp - t, up - u)
+  kernel = functools.partial(_kernel, layer=layer, slots=s, chunk=u, scale=d ** -0.5)
+  out = pl.pallas_call(
+      kernel,
+      grid=(b, hkv, tp // tq),
+      in_specs=[
+          pl.BlockSpec((None, tq, None, gp, d), lambda i, j, r: (i, r, j, 0, 0)),  # q
+          pl.BlockSpec((None, up, None, d), lambda i, j, r: (i, 0, j, 0)),  # chunk k
+          pl.BlockSpec((None, up, None, d), lambda i, j, r: (i, 0, j, 0)),  # chunk v
+          pl.BlockSpec((None, tq, s + up), lambda i, j, r: (i, r, 0)),  # mask
+          pl.BlockSpec(memory_space=pl.ANY),  # the stacked cache, read in place
+          pl.BlockSpec(memory_space=pl.ANY),
+      ],
+      out_specs=pl.BlockSpec((None, tq, None, gp, d), lambda i, j, r: (i, r, j, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, tp, hkv, gp, d), dt),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+      interpret=interpret, name=KERNEL_NAME,
+  )(q, k_new, v_new, mask, cache_k, cache_v)
+  return out[:, :t, :, :g].reshape(b, t, h, d)
+
+
+def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int, slots: int,
+            chunk: int, scale: float):
+  """One (row, kv head, tile of query rows): its query heads x rows as one tile
+  `[tq * gp, D]`, an online softmax over the cache's blocks, then over the chunk."""
+  bi, hi, lay = pl.program_id(0), pl.program_id(1), jnp.int32(layer)
+  tp, gp, d = q_ref.shape  # tp: this program's tq rows
+  up, rows = kn_ref.shape[0], tp * gp
+  q = q_ref[...].reshape(rows, d)
+
+  def update(carry, scores, values):
+    acc, m, l = carry
+    m_next = jnp.maximum(m, scores.max(-1))
+    p = jnp.exp(scores - m_next[:, None])
+    correction = jnp.exp(m - m_next)
+    acc = acc * correction[:, None] + plgpu.dot(p.astype(values.dtype), values)
+    return acc, m_next, l * correction + p.sum(-1)
+
+  def scores_of(keys, seen, real):  # [R, n] float32, masked as the dense path masks
+    n = seen.shape[-1]
+    seen = jnp.broadcast_to(seen[:, None, :], (tp, gp, n)).reshape(rows, n)  # G heads alike
+    x = plgpu.dot(q, keys, trans_b=True) * scale
+    return jnp.where(real[None, :], jnp.where(seen, x, _NEG), -jnp.inf)
+
+  def block(i, carry):
+    cols = pl.ds(i * BLOCK_K, BLOCK_K)
+    real = i * BLOCK_K + jnp.arange(BLOCK_K) < slots
+    keys = plgpu.load(k_ref.at[lay, bi, cols, hi, :], mask=real[:, None], other=0.)
+    values = plgpu.load(v_ref.at[lay, bi, cols, hi, :], mask=real[:, None], other=0.)
+    seen = plgpu.load(mask_ref.at[:, cols], mask=real[None, :], other=False)
+    return update(carry, scores_of(keys, seen, real), values)
+
+  carry = (jnp.zeros((rows, d), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+           jnp.zeros((rows,), jnp.float32))
+  carry = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), block, carry)
+  seen = mask_ref[:, pl.ds(slots, up)]
+  acc, _, l = update(carry, scores_of(kn_ref[...], seen, jnp.arange(up) < chunk), vn_ref[...])
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype).reshape(tp, gp, d)

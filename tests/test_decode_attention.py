@@ -1,0 +1,70 @@
+"""The GPU decode kernel (`model/decode_attention.py`), run interpreted on this CPU: it equals
+the dense path for every decode mask (one row, a causal block, candidate blocks; grouped heads
+that are not a power of two; steps wider than one program's tile), reads the layer it is given
+of the stacked cache, and a model that runs it decodes AR's and Jacobi's tokens. Its GPU
+compile is in tests/test_compile.py, the rule that picks it in tests/test_attention.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import paraflax as pf
+from paraflax.model import attention, mask_structure, masks
+from paraflax.model.decode_attention import decode_attend
+from paraflax.model.run import RunControl
+from paraflax.perf.shapes import model_config
+
+pytestmark = pytest.mark.fast
+
+LAYERS, SLOTS = 3, 37  # 37: blocks of the kernel's loop end past the cache (masked loads)
+
+
+def _inputs(b, t, h, hkv, d=16, seed=0):
+  k = jax.random.split(jax.random.key(seed), 5)
+  cache = [jax.random.normal(k[i], (LAYERS, b, SLOTS, hkv, d)) for i in (0, 1)]
+  q = jax.random.normal(k[2], (b, t, h, d))
+  chunk = [jax.random.normal(k[i], (b, t, hkv, d)) for i in (3, 4)]
+  return q, *chunk, *cache
+
+
+MASKS = {
+    "one row": lambda lengths, t: masks.decode(lengths, SLOTS, 1),
+    "causal block": lambda lengths, t: masks.decode(lengths, SLOTS, t),
+    "candidate blocks": lambda lengths, t: mask_structure.decode_candidates(
+        lengths, SLOTS, 4, 4, (t - 4) // 4).dense(),
+}
+
+
+@pytest.mark.parametrize("heads", [(14, 2), (8, 4)], ids=["G=7", "G=2"])
+@pytest.mark.parametrize("name,t", [("one row", 1), ("causal block", 20),
+                                    ("candidate blocks", 12)])
+def test_the_kernel_equals_the_dense_path(name, t, heads):
+  """float32, "highest": every row, each seeing its cache prefix and its chunk keys as the
+  mask says (row 2 a full cache but its spare slot)."""
+  h, hkv = heads
+  q, k, v, cache_k, cache_v = _inputs(3, t, h, hkv)
+  lengths = jnp.array([5, 20, SLOTS - 1])
+  mask = MASKS[name](lengths, t)
+  with jax.default_matmul_precision("highest"):
+    for layer in (0, LAYERS - 1):
+      want = attention._dense(q, k, v, mask, (cache_k[layer], cache_v[layer]))
+      got = decode_attend(q, k, v, mask, cache_k, cache_v, layer, interpret=True)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_running_the_kernel_decodes_the_dense_path_tokens():
+  """Greedy AR and Jacobi, float32, on right-padded prompts: token for token."""
+  cfg = model_config("micro", "float32")
+  prompts = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size))
+  lengths = np.array([12, 7])
+  tokens = {}
+  with jax.default_matmul_precision("highest"):
+    for setting in ("xla", "gpu_decode"):
+      model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
+      for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(4)):
+        out = pf.generate(model, prompts, decoder, max_new_tokens=10, prompt_lengths=lengths)
+        tokens[setting, type(decoder).__name__] = np.asarray(out.tokens)
+  for name in ("AR", "Jacobi"):
+    np.testing.assert_array_equal(tokens["gpu_decode", name], tokens["xla", name])

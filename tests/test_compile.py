@@ -164,7 +164,7 @@ def test_run_control_resolves_for_the_target_not_this_host():
   host = RunControl()
   assert host.backend() == "cpu" and host.attention_for(cfg, 4096) == "xla_chunked"
   assert RunControl(platform="tpu").attention_for(cfg, 4096) == "mosaic|xla_chunked"
-  assert RunControl(platform="gpu").attention_for(cfg, 1, cached=True) == "xla"
+  assert RunControl(platform="gpu").attention_for(cfg, 1, cached=True) == "gpu_decode"
   assert RunControl(platform="tpu").resolved(cfg, 4096) == {
       "attention": "mosaic|xla_chunked", "remat": "full", "scan_layers": True, "platform": "tpu"}
   assert core.resolve_steps_per_iter(None, decoders.AR(), 64) == 1  # this CPU

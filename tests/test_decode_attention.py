@@ -34,15 +34,17 @@ MASKS = {
     "causal block": lambda lengths, t: masks.decode(lengths, SLOTS, t),
     "candidate blocks": lambda lengths, t: mask_structure.decode_candidates(
         lengths, SLOTS, 4, 4, (t - 4) // 4).dense(),
+    "a row without keys": lambda lengths, t: masks.decode(lengths, SLOTS, t).at[:, 1].set(False),
 }
 
 
 @pytest.mark.parametrize("heads", [(14, 2), (8, 4)], ids=["G=7", "G=2"])
 @pytest.mark.parametrize("name,t", [("one row", 1), ("causal block", 20),
-                                    ("candidate blocks", 12)])
+                                    ("candidate blocks", 12), ("a row without keys", 3)])
 def test_the_kernel_equals_the_dense_path(name, t, heads):
   """float32, "highest": every row, each seeing its cache prefix and its chunk keys as the
-  mask says (row 2 a full cache but its spare slot)."""
+  mask says (row 2 a full cache but its spare slot); a query that sees nothing gets the mean
+  of every value on both paths."""
   h, hkv = heads
   q, k, v, cache_k, cache_v = _inputs(3, t, h, hkv)
   lengths = jnp.array([5, 20, SLOTS - 1])

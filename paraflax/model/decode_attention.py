@@ -11,9 +11,10 @@ its float32 scores `[B, Hkv, G, T, S]` and their softmax passes are one kernel h
 
 One program per (row, kv head, tile of query rows): its G query heads x T rows (padded to
 powers of two, at least 16 in all, at most `MAX_ROWS` per program, as a tile of its dots)
-run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk. Scores of masked pairs are the float32 minimum, as on
-the dense path: a row with no visible key averages the values it was shown (its output is
-ignored: padding queries). `interpret=True` runs the same kernel on the CPU (the tests).
+run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk.
+Scores of masked pairs are the float32 minimum, as on the dense path: a row with no visible
+key gets the mean of every value, as there (its output is ignored: padding queries).
+`interpret=True` runs the same kernel on the CPU (the tests).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
   """One (row, kv head, tile of query rows): its query heads x rows as one tile
   `[tq * gp, D]`, an online softmax over the cache's blocks, then over the chunk."""
   bi, hi, lay = pl.program_id(0), pl.program_id(1), jnp.int32(layer)
-  tp, gp, d = q_ref.shape  # tp: this program's tq rows
-  up, rows = kn_ref.shape[0], tp * gp
+  tq, gp, d = q_ref.shape
+  up, rows = kn_ref.shape[0], tq * gp
   q = q_ref[...].reshape(rows, d)
 
   def update(carry, scores, values):
@@ -94,7 +95,7 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
 
   def scores_of(keys, seen, real):  # [R, n] float32, masked as the dense path masks
     n = seen.shape[-1]
-    seen = jnp.broadcast_to(seen[:, None, :], (tp, gp, n)).reshape(rows, n)  # G heads alike
+    seen = jnp.broadcast_to(seen[:, None, :], (tq, gp, n)).reshape(rows, n)  # G heads alike
     x = plgpu.dot(q, keys, trans_b=True) * scale
     return jnp.where(real[None, :], jnp.where(seen, x, _NEG), -jnp.inf)
 
@@ -111,4 +112,4 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
   carry = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), block, carry)
   seen = mask_ref[:, pl.ds(slots, up)]
   acc, _, l = update(carry, scores_of(kn_ref[...], seen, jnp.arange(up) < chunk), vn_ref[...])
-  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype).reshape(tp, gp, d)
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype).reshape(tq, gp, d)

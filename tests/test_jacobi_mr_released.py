@@ -187,7 +187,7 @@ def test_a_winner_is_the_first_row_with_the_most_drafts_accepted(model):
   a, b, c, d = ar[:4]
   assert len({a, b, c, d}) == 4 and 9 not in (a, b)
   wrong = [(t + 1) % 48 for t in (b, c, d)]
-  z, y = (d + 1) % 48, (d + 2) % 48
+  y = (d + 2) % 48
   fwd = st.Forward.of(model)
   pool = [[a] + wrong, [a, b, c, y], [9, a, b, c], [a, a, a, a]]  # oldest first; the last newest
   dec, state = _pooled_state(model, 4, pool, wrong)

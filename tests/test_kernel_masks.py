@@ -63,7 +63,8 @@ MASKS = {
 @pytest.mark.parametrize("name", list(MASKS))
 def test_kernel_arguments_equal_the_dense_mask(name, block):
   """Every objective's mask as a kernel gets it (causal: `is_causal`, with key lengths where
-  the kernel takes them; subcausal: `is_causal` and dense; others dense), lengths padded as splash attention pads them."""
+  the kernel takes them; subcausal: `is_causal` and dense; others dense), lengths padded as
+  splash attention pads them."""
   mask = MASKS[name]()
   q, k, v = _qkv(*mask.shape)
   with jax.default_matmul_precision("highest"):

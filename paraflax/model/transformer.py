@@ -183,13 +183,13 @@ class Block(nnx.Module):
 
 
 def _layer_call(remat: str, attention: str, backend: str, inv_freq: np.ndarray, t_kv: int):
-  """`run(layer, x, positions, mask, cache) -> (x, (k, v))` (`cache`: a `CacheLayer` or
-  None), rematerialised as `remat` (resolved) says. The host constants (RoPE frequencies, content rows, the attention
-  setting) are closed over, so they stay static under `jax.checkpoint`; a missing cache (None)
-  is an empty pytree. The layer
-  goes through `jax.checkpoint` as a (graphdef, state) split, not `nnx.remat`: a layer never
-  mutates itself, and a model merged inside a decode loop's body has Variables that nnx's
-  graph updates refuse to touch from the checkpoint's trace."""
+  """`run(layer, x, positions, mask, cache) -> (x, (k, v))` (`cache`: a `CacheLayer` or None),
+  rematerialised as `remat` (resolved) says. The host constants (RoPE frequencies, content
+  rows, the attention setting) are closed over, so they stay static under `jax.checkpoint`; a
+  missing cache (None) is an empty pytree. The layer goes through `jax.checkpoint` as a
+  (graphdef, state) split, not `nnx.remat`: a layer never mutates itself, and a model merged
+  inside a decode loop's body has Variables that nnx's graph updates refuse to touch from the
+  checkpoint's trace."""
   def run(layer, x, positions, mask, cache):
     x = sharding.constrain_batch(x)  # rows stay split over the batch axes (FSDP)
     return layer(x, positions, mask, cache, inv_freq, t_kv, attention, backend)

@@ -183,13 +183,17 @@ def key(rng, decoder):
                    f"of shape {tuple(rng.shape)}")
 
 
+class DoesNotFit(ValueError):
+  """A decoder setting whose step is wider than the model's positions (`check_fits`)."""
+
+
 def check_fits(name: str, setting: str, tokens: int, cfg, draft_cfg=None) -> None:
   """Refuse a step over `tokens` tokens at once (what `setting` of decoder `name` makes) that
   the model's (or drafter's) `max_seq_len` positions cannot hold: never computed, only cache
   and compute wasted (a step larger than max_new_tokens is fine: the output is cut)."""
   for who, c in (("model", cfg), ("drafter", draft_cfg)):
     if c is not None and tokens > c.max_seq_len:
-      raise ValueError(f"{name} {setting} does not fit the {who}'s max_seq_len {c.max_seq_len}: "
+      raise DoesNotFit(f"{name} {setting} does not fit the {who}'s max_seq_len {c.max_seq_len}: "
                        f"a step works on {tokens} tokens at once")
 
 

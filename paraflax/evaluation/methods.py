@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from paraflax import sampling
+from paraflax.decoding.checks import DoesNotFit
 from paraflax.evaluation.bench import Method
 from paraflax.methods import METHODS
 
@@ -62,6 +63,21 @@ def bench_methods(others=None, drafters=None, ks=None) -> list[Method]:
         rows.append(Method(f"{name}_k{n}" if m.sweep else name, dec, m.describe(n),
                            draft_model=draft, model=models[weights], weights=weights))
   return rows
+
+
+def fitting(methods: list[Method], model) -> tuple[list[Method], list[str]]:
+  """The methods whose steps fit their model's (and drafter's) positions, and a line for each
+  one that does not: a model of short context skips those rows instead of failing the bench."""
+  kept, skipped = [], []
+  for m in methods:
+    draft = None if m.draft_model is None else m.draft_model.cfg
+    try:
+      m.decoder.validate((m.model or model).cfg, draft)
+    except DoesNotFit as e:
+      skipped.append(f"[bench] {m.name} skipped: {e}")
+      continue
+    kept.append(m)
+  return kept, skipped
 
 
 def infill_methods(greedy: bool) -> list:

@@ -13,7 +13,7 @@ from paraflax.data.prompts import prompt_ids, read_prompts
 from paraflax.evaluation import bench
 from paraflax.evaluation import infill_bench as ib
 from paraflax.evaluation.humaneval import greedy_pass_at_1, humaneval_prompts
-from paraflax.evaluation.methods import bench_methods, infill_methods
+from paraflax.evaluation.methods import bench_methods, fitting, infill_methods
 from paraflax.evaluation.quality import (
   heldout_batches,
   heldout_loss,
@@ -89,7 +89,10 @@ def run(models: Models, s: Settings, log=print) -> list:
                for p in texts]
   else:
     prompts = humaneval_prompts(encode, s.prompts, max_prompt)
-  rows = bench.run_bench(model, prompts, bench_methods(others, drafters),
+  methods, skipped = fitting(bench_methods(others, drafters), model)
+  for line in skipped:
+    log(line)
+  rows = bench.run_bench(model, prompts, methods,
                          max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
                          eos_id=tok.eos_ids)
   log(bench.format_table(rows))

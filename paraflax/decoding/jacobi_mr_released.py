@@ -75,12 +75,9 @@ def block_entries(tokens_BxN, lengths_B, guesses_BxG, left_B, n: int):
   """The two pool entries after a step that left a block unfinished, each [B, n], -1 past
   its end: the block so far (its accepted tokens, the pending token (the next one), the
   `left` new guesses: n tokens), then the new guesses alone."""
-  j = jnp.arange(n)[None]
   a = (n - 1 - left_B)[:, None]  # the block's tokens before the pending one
-  emitted = jnp.take_along_axis(tokens_BxN, jnp.maximum(lengths_B[:, None] - 1 - a + j, 0), 1)
-  drafts = jnp.take_along_axis(guesses_BxG, jnp.clip(j - a - 1, 0, n - 2), 1)
-  block = jnp.where(j <= a, emitted, drafts)
-  tail = jnp.where(j < left_B[:, None], jnp.pad(guesses_BxG, ((0, 0), (0, 1))), -1)
+  block = recycling.emitted_then(tokens_BxN, lengths_B, a, guesses_BxG, n)
+  tail = jnp.where(jnp.arange(n) < left_B[:, None], jnp.pad(guesses_BxG, ((0, 0), (0, 1))), -1)
   return block, tail
 
 

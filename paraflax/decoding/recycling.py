@@ -79,9 +79,18 @@ def stream_entries(m, tokens_BxN, lengths_B, n: int):
   w = m.drafts.shape[1]
   j = jnp.arange(w + n)[None]
   a = jnp.minimum(n - 1, lengths_B - 1)[:, None]  # emitted tokens before the pending one
-  emitted = jnp.take_along_axis(tokens_BxN, jnp.maximum(lengths_B[:, None] - 1 - a + j, 0), 1)
-  drafts = jnp.take_along_axis(m.drafts, jnp.clip(j - a - 1, 0, w - 1), 1)
   end = a + 1 + m.ra_len[:, None] + n * m.blocks[:, None]
-  stream = jnp.where(j < end, jnp.where(j <= a, emitted, drafts), -1)
+  stream = jnp.where(j < end, emitted_then(tokens_BxN, lengths_B, a, m.drafts, w + n), -1)
   fresh = jnp.where(j < m.ra_len[:, None], jnp.pad(m.drafts, ((0, 0), (0, n))), -1)
   return stream, fresh
+
+
+def emitted_then(tokens_BxN, lengths_B, a_Bx1, drafts_BxW, width: int):
+  """`[B, width]`: each row's last `a` emitted tokens and its pending one (the last emitted),
+  then `drafts` (the last one repeated past them): a pool entry's sequence."""
+  j = jnp.arange(width)[None]
+  emitted = jnp.take_along_axis(tokens_BxN, jnp.maximum(lengths_B[:, None] - 1 - a_Bx1 + j, 0),
+                                1)
+  drafts = jnp.take_along_axis(drafts_BxW, jnp.clip(j - a_Bx1 - 1, 0, drafts_BxW.shape[1] - 1),
+                               1)
+  return jnp.where(j <= a_Bx1, emitted, drafts)

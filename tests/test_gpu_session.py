@@ -47,12 +47,14 @@ def test_numerics_rows_hold_where_paths_agree_and_fail_past_their_tolerance(tmp_
           "--seq-len", "64", "--json", str(path)]
   assert cli.main([*base, "--decoders", "jacobi", "--batches", "2", "--new-tokens", "8"]) == 0
   rows = _rows(path)
-  kernel = [r for r in rows if r["check"] == "decode_kernel"]
-  [loss, greedy] = [r for r in rows if r["check"] != "decode_kernel"]
-  # the GPU decode kernel (interpreted here) against the dense path, float32 and bf16
-  assert {(r["dtype"], r["rows"]) for r in kernel} == {
-      (d, t) for d in ("float32", "bfloat16") for t in (1, 16)}
-  assert all(r["ok"] and r["rel_l2"] <= r["rtol"] for r in kernel)
+  decode = ("decode_kernel", "decode_layer")
+  [loss, greedy] = [r for r in rows if r["check"] not in decode]
+  # the GPU decode kernel and layer (interpreted here) against the dense path, float32, bf16
+  for check in decode:
+    kernel = [r for r in rows if r["check"] == check]
+    assert {(r["dtype"], r["rows"]) for r in kernel} == {
+        (d, t) for d in ("float32", "bfloat16") for t in (1, 16)}
+    assert all(r["ok"] and r["rel_l2"] <= r["rtol"] for r in kernel)
   assert (loss["check"], loss["attention"], loss["reference"]) == ("loss_grad", "xla_chunked",
                                                                    "xla")
   assert loss["ok"] and 0 < loss["loss_rel"] <= NumericsPlan.loss_rtol  # bf16: not bit-equal

@@ -20,7 +20,9 @@ implementation:
                cache with at most `DECODE_ROWS` query rows: one kernel per layer, the cache
                read in place; any other call resolves as "auto" would. On the CPU it runs
                interpreted (tests); under a mesh of several devices, or for heads
-               narrower than 16 (`decode_attention.supports`), it is dense xla.
+               narrower than 16 (`decode_attention.supports`), it is dense xla. Where
+               `decode_layer.runs` says so (up to `decode_layer.MAX_ROWS` rows, heads of
+               32 and wider), the whole layer is then five kernels (`decode_layer.py`).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
                mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);
                lengths padded to multiples of `CUDNN_BLOCK`, as splash attention's.
@@ -117,14 +119,14 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
   mesh = sharding.context_mesh()
   if (impl == "gpu_decode" and (mesh is None or mesh.size == 1)
       and decode_attention.supports(q_BxTxHxD.shape[-1])):
-    return decode_attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, _dense_mask(mask_BxTxS), cache_kv.k,
+    return decode_attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, dense_mask(mask_BxTxS), cache_kv.k,
                          cache_kv.v, cache_kv.layer, interpret=backend == "cpu")
   cache_kv = None if cache_kv is None else cache_kv.kv()
   if impl == "gpu_decode":  # under a mesh (a call XLA cannot partition), or heads it declines
     impl = "xla"
   kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
   if impl == "xla":
-    return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, _dense_mask(mask_BxTxS), cache_kv)
+    return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, dense_mask(mask_BxTxS), cache_kv)
   k, v = k_BxTxKxD, v_BxTxKxD
   if s:  # the kernels take one key array: copy the cache in front of the chunk
     k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
@@ -132,7 +134,7 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
   if kernel:
     calls = kernel_calls(mask_BxTxS, t, lengths="mosaic" not in kernel)
   else:  # xla_chunked
-    calls = [(0, t, None, False, {"mask": _dense_mask(mask_BxTxS)})]
+    calls = [(0, t, None, False, {"mask": dense_mask(mask_BxTxS)})]
   return _kernel(q_BxTxHxD, k, v, impl, kernel, calls)
 
 
@@ -185,10 +187,11 @@ def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:
   if lengths and isinstance(mask, Structured) and mask.rule is mask_structure.causal_rule:
     return True, {"key_value_seq_lengths": mask.keys["valid"].sum(1, dtype=jnp.int32)}
   subcausal = isinstance(mask, Structured) and mask.rule in mask_structure.SUBCAUSAL
-  return subcausal and mask.shape[1] == mask.shape[2], {"mask": _dense_mask(mask)}
+  return subcausal and mask.shape[1] == mask.shape[2], {"mask": dense_mask(mask)}
 
 
-def _dense_mask(mask):
+def dense_mask(mask):
+  """A mask as the dense bool array `[B, T, K]` (a `Structured` one expanded)."""
   return mask.dense() if isinstance(mask, Structured) else mask
 
 

@@ -9,9 +9,11 @@ keys [cache slots S | chunk tokens T'] under the bool mask `[B, T, S+T']`, group
 copies a cache slice out or concatenates the chunk to it (the dense path's per-layer slice,
 its float32 scores `[B, Hkv, G, T, S]` and their softmax passes are one kernel here).
 
-One program per (row, kv head, tile of query rows): its G query heads x T rows (padded to
+One program per (row, kv head, tile of query rows): its G query heads x T rows (a tile of
 powers of two, at least 16 in all, at most `MAX_ROWS` per program, as a tile of its dots)
-run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk.
+run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk. The
+queries, the chunk, the mask and the output are read and written unpadded, through masked
+tiles (no pad or slice kernels around the call).
 Scores of masked pairs are the float32 minimum, as on the dense path: a row with no visible
 key gets the mean of every value, as there (its output is ignored: padding queries).
 `interpret=True` runs the same kernel on the CPU (the tests).
@@ -50,40 +52,39 @@ def decode_attend(q_BxTxHxD, k_BxUxKxD, v_BxUxKxD, mask_BxTxS, cache_k, cache_v,
   u, hkv = k_BxUxKxD.shape[1], k_BxUxKxD.shape[2]
   s, g, dt = cache_k.shape[2], h // hkv, q_BxTxHxD.dtype
   gp = _pow2(g)
-  tp, up = max(_pow2(t), MIN_ROWS // gp), max(_pow2(u), MIN_ROWS)  # the rows: tp x gp
+  tp = max(_pow2(t), MIN_ROWS // gp)  # the rows: tp x gp
   tq = min(tp, max(1, MAX_ROWS // gp))  # a program's rows: tq x gp
-  pad = lambda x, *widths: jnp.pad(x, [(0, 0), *((0, w) for w in widths)])
-  q = pad(q_BxTxHxD.reshape(b, t, hkv, g, d), tp - t, 0, gp - g, 0)
-  k_new, v_new = (pad(x.astype(dt), up - u, 0, 0) for x in (k_BxUxKxD, v_BxUxKxD))
-  mask = pad(mask_BxTxS, tp - t, up - u)
-  kernel = functools.partial(_kernel, layer=layer, slots=s, chunk=u, scale=d ** -0.5)
+  kernel = functools.partial(_kernel, layer=layer, slots=s, shape=(t, g, u, tq, gp),
+                             scale=d ** -0.5)
+  anywhere = pl.BlockSpec(memory_space=pl.ANY)  # tiles past the arrays' ends: masked loads
   out = pl.pallas_call(
       kernel,
       grid=(b, hkv, tp // tq),
-      in_specs=[
-          pl.BlockSpec((None, tq, None, gp, d), lambda i, j, r: (i, r, j, 0, 0)),  # q
-          pl.BlockSpec((None, up, None, d), lambda i, j, r: (i, 0, j, 0)),  # chunk k
-          pl.BlockSpec((None, up, None, d), lambda i, j, r: (i, 0, j, 0)),  # chunk v
-          pl.BlockSpec((None, tq, s + up), lambda i, j, r: (i, r, 0)),  # mask
-          pl.BlockSpec(memory_space=pl.ANY),  # the stacked cache, read in place
-          pl.BlockSpec(memory_space=pl.ANY),
-      ],
-      out_specs=pl.BlockSpec((None, tq, None, gp, d), lambda i, j, r: (i, r, j, 0, 0)),
-      out_shape=jax.ShapeDtypeStruct((b, tp, hkv, gp, d), dt),
+      in_specs=[anywhere] * 6,  # q, chunk k, v, mask, the stacked cache (read in place)
+      out_specs=anywhere,
+      out_shape=jax.ShapeDtypeStruct((b, t, hkv, g, d), dt),
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
       interpret=interpret, name=KERNEL_NAME,
-  )(q, k_new, v_new, mask, cache_k, cache_v)
-  return out[:, :t, :, :g].reshape(b, t, h, d)
+  )(q_BxTxHxD.reshape(b, t, hkv, g, d), k_BxUxKxD.astype(dt), v_BxUxKxD.astype(dt), mask_BxTxS,
+    cache_k, cache_v)
+  return out.reshape(b, t, h, d)
 
 
 def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int, slots: int,
-            chunk: int, scale: float):
+            shape: tuple, scale: float):
   """One (row, kv head, tile of query rows): its query heads x rows as one tile
-  `[tq * gp, D]`, an online softmax over the cache's blocks, then over the chunk."""
+  `[tq * gp, D]`, an online softmax over the cache's blocks, then over the chunk. Every
+  array is read and written unpadded, through masked tiles."""
+  t, g, chunk, tq, gp = shape
   bi, hi, lay = pl.program_id(0), pl.program_id(1), jnp.int32(layer)
-  tq, gp, d = q_ref.shape
-  up, rows = kn_ref.shape[0], tq * gp
-  q = q_ref[...].reshape(rows, d)
+  d, up, rows = q_ref.shape[-1], max(_pow2(chunk), MIN_ROWS), tq * gp
+  first = pl.program_id(2) * tq
+  zero = first * 0  # a traced start: a static slice past an array's end is refused
+  tile_rows, heads = pl.ds(first, tq), pl.ds(zero, gp)
+  real_rows = first + jnp.arange(tq) < t
+  real_q = real_rows[:, None, None] & (jnp.arange(gp) < g)[None, :, None]  # [tq, gp, 1]
+  q = plgpu.load(q_ref.at[bi, tile_rows, hi, heads, :], mask=real_q,
+                 other=0.).reshape(rows, d)
 
   def update(carry, scores, values):
     acc, m, l = carry
@@ -93,23 +94,29 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
     acc = acc * correction[:, None] + plgpu.dot(p.astype(values.dtype), values)
     return acc, m_next, l * correction + p.sum(-1)
 
-  def scores_of(keys, seen, real):  # [R, n] float32, masked as the dense path masks
-    n = seen.shape[-1]
+  def scores_of(keys, cols, real):  # [R, n] float32, masked as the dense path masks
+    n = real.shape[-1]
+    seen = plgpu.load(mask_ref.at[bi, tile_rows, cols], mask=real_rows[:, None] & real[None, :],
+                      other=False)
     seen = jnp.broadcast_to(seen[:, None, :], (tq, gp, n)).reshape(rows, n)  # G heads alike
     x = plgpu.dot(q, keys, trans_b=True) * scale
     return jnp.where(real[None, :], jnp.where(seen, x, _NEG), -jnp.inf)
 
+  def load(ref, cols, real):
+    return plgpu.load(ref, mask=real[:, None], other=0.)
+
   def block(i, carry):
     cols = pl.ds(i * BLOCK_K, BLOCK_K)
     real = i * BLOCK_K + jnp.arange(BLOCK_K) < slots
-    keys = plgpu.load(k_ref.at[lay, bi, cols, hi, :], mask=real[:, None], other=0.)
-    values = plgpu.load(v_ref.at[lay, bi, cols, hi, :], mask=real[:, None], other=0.)
-    seen = plgpu.load(mask_ref.at[:, cols], mask=real[None, :], other=False)
-    return update(carry, scores_of(keys, seen, real), values)
+    keys = load(k_ref.at[lay, bi, cols, hi, :], cols, real)
+    values = load(v_ref.at[lay, bi, cols, hi, :], cols, real)
+    return update(carry, scores_of(keys, cols, real), values)
 
   carry = (jnp.zeros((rows, d), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
            jnp.zeros((rows,), jnp.float32))
   carry = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), block, carry)
-  seen = mask_ref[:, pl.ds(slots, up)]
-  acc, _, l = update(carry, scores_of(kn_ref[...], seen, jnp.arange(up) < chunk), vn_ref[...])
-  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype).reshape(tq, gp, d)
+  real = jnp.arange(up) < chunk
+  keys, values = (load(ref.at[bi, pl.ds(zero, up), hi, :], None, real) for ref in (kn_ref, vn_ref))
+  acc, _, l = update(carry, scores_of(keys, pl.ds(zero + slots, up), real), values)
+  out = (acc / l[:, None]).astype(o_ref.dtype).reshape(tq, gp, d)
+  plgpu.store(o_ref.at[bi, tile_rows, hi, heads, :], out, mask=real_q)

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax.model.attention import attend
+from paraflax.model import decode_layer
+from paraflax.model.attention import attend, dense_mask
 from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
 from paraflax.model.mask_structure import Structured
@@ -176,6 +177,9 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x, positions, mask, cache, inv_freq, t_kv, attention, backend):
+    if decode_layer.runs(self.attn.cfg, x.shape, cache is not None, t_kv, attention, backend):
+      return decode_layer.block(self, x, positions, dense_mask(mask), cache, inv_freq,
+                                interpret=backend == "cpu")
     a, kv = self.attn(self.attn_norm(x), positions, mask, cache, inv_freq, t_kv, attention,
                       backend)
     x = x + a

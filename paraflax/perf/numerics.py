@@ -12,8 +12,12 @@
   step on a GPU) against the dense path over the same cache, in float32 and bf16, for one
   row and a block of 16 (interpreted where the backend is not a GPU).
 
-One row of kind `numerics` per check (`check`: "loss_grad", "decode_kernel" or
-"greedy_equal_ar").
+- The GPU decode layer (`model/decode_layer.py`: the layer in five kernels "auto" runs for
+  such a step) against the model's layer over the same cache: its output's change of the
+  residual stream and the chunk's keys and values, likewise.
+
+One row of kind `numerics` per check (`check`: "loss_grad", "decode_kernel", "decode_layer"
+or "greedy_equal_ar").
 """
 
 from __future__ import annotations
@@ -129,27 +133,69 @@ def decode_kernel_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
           "rtol": plan.kernel_rtol[dtype], "ok": bool(rel <= plan.kernel_rtol[dtype])}
 
 
+def decode_layer_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
+  """The decode layer against the model's layer (dense attention): the plan's model width and
+  heads (heads at least 64 wide), random q/k/v biases, 4 rows of a 2-layer cache of 257 slots
+  filled to different lengths, `rows` query rows, `dtype`; the relative L2 error over the
+  layer's change of x and the chunk's keys and values."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from paraflax.model import decode_layer, masks
+  from paraflax.model.cache import CacheLayer
+  from paraflax.model.transformer import Block, rope_frequencies
+  from paraflax.perf.shapes import model_config
+  cfg = model_config(plan.shape, dtype)
+  head = max(cfg.dim_per_head, 64)
+  cfg = dataclasses.replace(cfg, d_model=cfg.n_heads * head, qkv_bias=True, param_dtype=dtype)
+  layer, s, dt = Block(cfg, nnx.Rngs(0)), 257, jnp.dtype(dtype)
+  k = jax.random.split(jax.random.key(0), 6)
+  for name, key in zip(("bq", "bk", "bv"), k[3:]):
+    p = getattr(layer.attn, name)
+    p[...] = 0.1 * jax.random.normal(key, p.shape, dt)
+  shape = (2, 4, s, cfg.n_kv_heads, head)
+  cache = CacheLayer(*(jax.random.normal(k[i], shape, dt) for i in (0, 1)), 1)
+  x = jax.random.normal(k[2], (4, rows, cfg.d_model), dt)
+  lengths = jnp.array([1, 60, 200, s - rows])
+  positions = lengths[:, None] + jnp.arange(rows)[None, :]
+  mask, inv_freq = masks.decode(lengths, s, rows), rope_frequencies(cfg)
+  interpret = jax.default_backend() != "gpu"
+  with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
+    want = layer(x, positions, mask, cache, inv_freq, rows, "xla", jax.default_backend())
+    got = decode_layer.block(layer, x, positions, mask, cache, inv_freq, interpret=interpret)
+  flat = lambda out: np.concatenate([np.asarray(a, np.float64).ravel() for a in
+                                     (out[0] - x, *out[1])])
+  got, want = flat(got), flat(want)
+  rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+  return {"check": "decode_layer", "decoder": f"{rows} query rows", "dtype": dtype,
+          "rows": rows, "batch": 4, "seq_len": s, "attention": "gpu_decode", "reference": "xla",
+          "width": [cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head, cfg.d_ff],
+          "interpret": interpret, "rel_l2": rel, "rtol": plan.kernel_rtol[dtype],
+          "ok": bool(rel <= plan.kernel_rtol[dtype])}
+
+
 def run(plan: NumericsPlan, add, log) -> list[str]:
-  """The decode kernel's rows, one row per objective, then one per (decoder, batch); the
+  """The decode kernel's and the decode layer's rows, one row per objective, then one per (decoder, batch); the
   errors of the checks that failed to run (the others still run). A check that ran and
   missed its tolerance is a row with `ok` false, and an error too."""
   errors = []
   for name in plan.objectives:
     if name not in RECIPES:
       raise ValueError(f"unknown objective {name!r}: pick from {', '.join(RECIPES)}")
-  for dtype in ("float32", "bfloat16"):  # first: seconds each, and a default's only check
-    for rows in (1, 16):
-      try:
-        row = add({"kind": "numerics", "shape": plan.shape,
-                   **decode_kernel_row(plan, dtype, rows)})
-      except Exception as e:  # a finding; the other checks still run
-        errors.append(f"numerics: decode kernel {dtype} x{rows}: {type(e).__name__}: {e}"[:400])
-        log(errors[-1])
-        continue
-      log(f"[numerics] decode kernel {dtype}, {rows} rows: rel L2 {row['rel_l2']:.2e}: "
-          f"{'ok' if row['ok'] else 'OUT OF TOLERANCE'}")
-      if not row["ok"]:
-        errors.append(f"numerics: decode kernel {dtype} x{rows}: differs from the dense path")
+  for what, check in (("kernel", decode_kernel_row), ("layer", decode_layer_row)):
+    for dtype in ("float32", "bfloat16"):  # first: seconds each, and a default's only check
+      for rows in (1, 16):
+        try:
+          row = add({"kind": "numerics", "shape": plan.shape, **check(plan, dtype, rows)})
+        except Exception as e:  # a finding; the other checks still run
+          errors.append(f"numerics: decode {what} {dtype} x{rows}: {type(e).__name__}: {e}"[:400])
+          log(errors[-1])
+          continue
+        log(f"[numerics] decode {what} {dtype}, {rows} rows: rel L2 {row['rel_l2']:.2e}: "
+            f"{'ok' if row['ok'] else 'OUT OF TOLERANCE'}")
+        if not row["ok"]:
+          errors.append(f"numerics: decode {what} {dtype} x{rows}: differs from the dense path")
   for name in plan.objectives:
     try:
       row = add({"kind": "numerics", "shape": plan.shape, "dtype": plan.dtype,

@@ -3,7 +3,9 @@ text: XLA's cost analysis (`hlo.cost_analysis`) for what XLA emits itself, and a
 our own for the custom calls it gives no cost (cuBLAS, cuDNN, Pallas and Mosaic kernels), so a
 program does not look cheaper the more of its work moves into custom calls.
 
-  GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions)
+  GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions); the
+                         decode layer's matmuls (`decode_layer.WEIGHTS`): 2 x rows x their
+                         weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
                          dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal;
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
@@ -24,7 +26,8 @@ import re
 
 from paraflax import hlo
 from paraflax.model.decode_attention import KERNEL_NAME
-from paraflax.perf.compile.kernels import Program, custom_call_class
+from paraflax.model.decode_layer import WEIGHTS
+from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
                "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2,
@@ -113,6 +116,11 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   shapes do not say."""
   kind = custom_call_class(ins)
   ops = [arrays(shapes.get(o, "")) for o in ins.operands]
+  if kernel_name(ins) in WEIGHTS:  # rows [M, K] first
+    weights = WEIGHTS[kernel_name(ins)]
+    if len(ops) <= max(weights) or not ops[0]:
+      return None
+    return 2.0 * ops[0][0][1][0] * sum(math.prod(ops[i][0][1]) for i in weights)
   if kind == "gemm":
     config = ins.attribute("backend_config") or ""
     contracting = re.search(r'lhs_contracting_dimensions\\?"\s*:\s*\[([^\]]*)\]', config)

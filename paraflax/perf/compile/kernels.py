@@ -146,7 +146,7 @@ def custom_call_class(ins: hlo.Instruction) -> str:
     name = re.sub(r"\.\d+$", "", ins.name)
   if ATTENTION.search(name) or ATTENTION.search(target):
     return f"attention:{'cudnn' if 'cudnn' in target else name}"
-  if GEMM_CALLS.search(target):
+  if GEMM_CALLS.search(target) or GEMM_CALLS.search(name):
     return "gemm"
   if "callback" in target:
     return f"callback:{target}"

@@ -16,7 +16,7 @@ from paraflax.decoding import state as st
 from conftest import micro_model
 
 PROMPTS = [[5, 9, 2], [7, 1, 1, 30, 4, 12, 40, 2, 8, 3], [11], [3, 4, 3, 4, 3, 4, 3]]
-N_NEW = 12  # 11 steps at most: odd, so the last iteration of two steps idles in its second
+N_NEW = 12  # 11 steps at most: the last iteration of four steps idles in its last
 MR = pf.decoders.JacobiMR(4, num_blocks=2, pool_size=4, num_candidates=2)
 FIELDS = ("tokens", "lengths", "forwards", "draft_forwards", "accepted")
 
@@ -45,14 +45,15 @@ def decoder_case(name, models):
 @pytest.mark.fast
 @pytest.mark.parametrize("name", ["ar", "jacobi", "jacobi-mr", "prompt-lookup", "speculative",
                                   "deer", "tidar"])
-def test_two_steps_per_iteration_equal_ar_and_the_python_loop(models, name):
+def test_four_steps_per_iteration_equal_ar_and_the_python_loop(models, name):
+  """Four, what a GPU or TPU runs (`core.resolve_steps_per_iter`)."""
   target = models[0]
   decoder, draft = decoder_case(name, models)
   free = pf.generate(target, PROMPTS, max_new_tokens=N_NEW)
   eos = int(free.tokens[1, 5])  # row 1 ends early, the others run on
   kw = dict(decoder=decoder, max_new_tokens=N_NEW, eos_id=eos, draft_model=draft)
   ar = pf.generate(target, PROMPTS, max_new_tokens=N_NEW, eos_id=eos)
-  out = pf.generate(target, PROMPTS, steps_per_iter=2, **kw)
+  out = pf.generate(target, PROMPTS, steps_per_iter=4, **kw)
   twin = pf.generate(target, PROMPTS, loop="python", **kw)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
@@ -68,9 +69,10 @@ def test_sampling_draws_the_same_tokens_at_any_steps_per_iter(models, name):
   decoder, draft = decoder_case(name, models)
   decoder = dataclasses.replace(decoder, sampler=pf.TopP(0.9, temperature=1.3))
   kw = dict(decoder=decoder, max_new_tokens=N_NEW, draft_model=draft, rng=jax.random.key(3))
-  one, two = (pf.generate(models[0], PROMPTS, steps_per_iter=n, **kw) for n in (1, 2))
-  for f in FIELDS:
-    np.testing.assert_array_equal(getattr(one, f), getattr(two, f), err_msg=f)
+  one, *more = (pf.generate(models[0], PROMPTS, steps_per_iter=n, **kw) for n in (1, 2, 4))
+  for out in more:
+    for f in FIELDS:
+      np.testing.assert_array_equal(getattr(out, f), getattr(one, f), err_msg=f)
 
 
 @pytest.mark.fast

@@ -36,7 +36,8 @@ from paraflax.parallel import sharding
 
 # the kernels' names, and which operands are their weights (`perf compile` costs them as
 # matmuls: 2 x rows x the weights' size)
-WEIGHTS = {"paraflax_qkv_matmul": (3, 4, 5), "paraflax_matmul": (1,), "paraflax_gated_matmul": (1, 2)}
+WEIGHTS = {"paraflax_qkv_matmul": (3, 4, 5), "paraflax_matmul": (1,),
+           "paraflax_gated_matmul": (1, 2)}
 MAX_ROWS = 128  # query rows a layer call may have (B x T); wider calls take XLA's path
 MIN_ROWS = 16  # a Triton dot's smallest tile
 BLOCK_K = 128  # contraction elements per iteration of a projection's loop
@@ -146,8 +147,8 @@ def _qkv_kernel(x_ref, pos_ref, scale_ref, wq_ref, wk_ref, wv_ref, freq_ref, *re
     halves = []
     for lo in (0, half):  # the two halves RoPE pairs, as two tiles
       cols = pl.ds(zero + lo, half)
-      acc = _loop(_matvec(load, d, w_ref, lambda k0: (pl.ds(k0, BLOCK_K), i, cols), dt, zero),
-                  d, rows, half).astype(dt)
+      index = lambda k0, c=cols: (pl.ds(k0, BLOCK_K), i, c)
+      acc = _loop(_matvec(load, d, w_ref, index, dt, zero), d, rows, half).astype(dt)
       if b_ref is not None:
         acc = acc + b_ref[i, pl.ds(lo, half)].astype(dt)[None, :]
       halves.append(acc)

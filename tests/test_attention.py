@@ -180,11 +180,13 @@ def test_auto_rule():
   assert r("auto", "tpu", f32, max_len=4096, rows=4096) == "xla_chunked"
   # 16-bit compute on an accelerator: its fused kernel (docs/kernels.md)
   assert r("auto", "gpu", bf16, max_len=4096, rows=4096) == "cudnn"
-  assert r("auto", "gpu", bf16, max_len=4096, rows=72, cached=True) == "cudnn"  # wide step
+  assert r("auto", "gpu", bf16, max_len=4096, rows=129, cached=True) == "cudnn"  # wide step
   assert r("auto", "tpu", bf16, max_len=4096, rows=4096) == ("mosaic", "xla_chunked")
   # a 16-bit decode step on a GPU: the decode kernel (one per layer); float32 and TPUs dense
   assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "gpu_decode"
   assert r("auto", "gpu", bf16, max_len=4096, rows=64, cached=True) == "gpu_decode"
+  assert r("auto", "gpu", bf16, max_len=4096, rows=128, cached=True) == "gpu_decode"  # TiDAR k=8
+  assert r("auto", "tpu", bf16, max_len=4096, rows=72, cached=True) == ("mosaic", "xla_chunked")
   assert r("auto", "gpu", f32, max_len=4096, rows=1, cached=True) == "xla"
   assert r("auto", "tpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
   # named: steps over a cache take it (interpreted on the CPU); other calls resolve as "auto"

@@ -17,7 +17,7 @@ implementation:
                lengths are padded to its multiple (`_padded`; padding keys are never seen).
   triton       tokamax Pallas Triton flash attention (GPU).
   gpu_decode   paraflax's Pallas Triton decode kernel (`decode_attention.py`) for a call over a
-               cache with at most `DECODE_ROWS` query rows: one kernel per layer, the cache
+               cache with at most `GPU_DECODE_ROWS` query rows: one kernel per layer, the cache
                read in place; any other call resolves as "auto" would. On the CPU it runs
                interpreted (tests); under a mesh of several devices, or for heads
                narrower than 16 (`decode_attention.supports`), it is dense xla. Where
@@ -61,6 +61,9 @@ ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (docs/scaling.md, Attention; at model level
 # `paraflax perf slots` / `perf train --attention xla|xla_chunked` measure the same choice):
 DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs dense xla
+# ... or, on a GPU in 16-bit, the decode kernel up to this many: TiDAR k=8's 72 rows and the
+# released MR loop's 80 (a kernel that tiles its rows: no cache copy, no K/V repeat)
+GPU_DECODE_ROWS = 128
 DENSE_MAX_LEN = 1024  # on CPU / float32, models with max_seq_len up to this run dense xla
 KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
 CUDNN_BLOCK = 64  # cuDNN's backward declines lengths such as 257 ("vjp not implemented")
@@ -73,20 +76,23 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   """The implementation the `attention` setting stands for: static (backend, dtype, the
   model's `max_len`; query `rows` and whether there is a cache, for the decode rule).
 
-  "auto", in order: (1) decode rule: a call over a cache with <= `DECODE_ROWS` query rows
-  runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer), else "xla" (reads
-  the cache in place, memory linear in S for few rows);
+  "auto", in order: (1) decode rule: a call over a cache with <= `GPU_DECODE_ROWS` query
+  rows runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer); elsewhere one
+  with <= `DECODE_ROWS` runs "xla" (reads the cache in place, memory linear in S for few
+  rows);
   (2) on CPU or with float32 compute (float32 exactness, DESIGN invariant 1, needs a path
   that honours the matmul precision) "xla" for a model with max_seq_len <= `DENSE_MAX_LEN`,
   else "xla_chunked"; (3) with 16-bit compute, on GPU "cudnn" (cuDNN's fused flash
   attention, forward and backward one kernel each), on TPU "mosaic" (splash attention, its
   blocks padded), falling back to "xla_chunked" for a shape the kernel declines.
   So one `generate` call runs one implementation for its prefill and every step wider than
-  `DECODE_ROWS`, and dense xla for steps up to that width.
+  the decode rule's width, and the decode rule's for steps up to it.
   """
   if attention not in IMPLEMENTATIONS:
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {attention!r}")
-  decode = cached and rows <= DECODE_ROWS
+  gpu16 = backend == "gpu" and jnp.dtype(dtype) != jnp.float32
+  decode = cached and rows <= (GPU_DECODE_ROWS if gpu16 or attention == "gpu_decode"
+                               else DECODE_ROWS)
   if attention == "gpu_decode" and not decode:
     attention = "auto"
   if attention != "auto":
@@ -95,7 +101,7 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
                        "(use 'auto', 'xla' or 'xla_chunked')")
     return attention
   if decode:
-    return "gpu_decode" if backend == "gpu" and jnp.dtype(dtype) != jnp.float32 else "xla"
+    return "gpu_decode" if gpu16 else "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla" if max_len is not None and max_len <= DENSE_MAX_LEN else "xla_chunked"
   return "cudnn" if backend == "gpu" else ("mosaic", "xla_chunked")

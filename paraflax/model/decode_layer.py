@@ -15,8 +15,8 @@ finishes its outputs itself:
   5. `project` act @ w_down + x
 
 Weights are read in place in the training layout (no decode copy, none hoisted by XLA).
-Each kernel computes its rows as one tile of at least 16 rows (a Triton dot's smallest),
-padded by masked loads; every array is read and written unpadded. Rounding follows the
+Each program computes a tile of 16 to 64 rows (a Triton dot's smallest tile, and a tile that
+keeps its weights' reads few), padded by masked loads; every array is read and written unpadded. Rounding follows the
 model's op for op (the 16-bit casts where the model casts), so in float32 the layer equals the
 model's up to summation order. `interpret=True` runs the kernels on the CPU (the tests).
 """
@@ -39,7 +39,7 @@ from paraflax.parallel import sharding
 WEIGHTS = {"paraflax_qkv_matmul": (3, 4, 5), "paraflax_matmul": (1,),
            "paraflax_gated_matmul": (1, 2)}
 MAX_ROWS = 128  # query rows a layer call may have (B x T); wider calls take XLA's path
-MIN_ROWS = 16  # a Triton dot's smallest tile
+MIN_ROWS, TILE_ROWS = 16, 64  # a program's rows: a Triton dot's smallest tile, the largest
 BLOCK_K = 128  # contraction elements per iteration of a projection's loop
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -62,7 +62,7 @@ def _pow2(n: int) -> int:
 
 
 def _rows(m: int) -> int:
-  return max(MIN_ROWS, _pow2(m))
+  return min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
 
 
 def _call(kernel, grid, args, out_shape, interpret, name):

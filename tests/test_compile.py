@@ -3,6 +3,7 @@ whose counts are known, targets and run control resolved per target, and a micro
 training step and decode loop compiled for a GPU and a TPU target (deviceless, on this CPU)."""
 
 import dataclasses
+import math
 
 import jax
 import pytest
@@ -146,6 +147,28 @@ def test_custom_calls_are_costed_and_counted_per_trip():
   assert costs.Costs(program)._custom_calls("body")["bytes"] == call_bytes
   xla_only = costs.Costs(program).xla("main")["bytes"]
   assert total["bytes"] >= xla_only + 5 * call_bytes
+
+
+@pytest.mark.fast
+def test_a_gather_and_an_in_place_scatter_are_charged_what_they_touch():
+  """XLA's analysis charges a fused gather of 16 rows its whole table, an in-place scatter
+  of 16 slots its whole buffer in and out; `Costs` charges the rows and the updates."""
+  import jax.numpy as jnp
+  table = jax.ShapeDtypeStruct((4096, 256), jnp.float32)  # 4 MiB
+  rows = jax.ShapeDtypeStruct((16,), jnp.int32)
+  cache = jax.ShapeDtypeStruct((4, 1, 1024, 2, 64), jnp.float32)  # 2 MiB
+  update = jax.ShapeDtypeStruct((4, 1, 16, 2, 64), jnp.float32)
+  slots = jax.ShapeDtypeStruct((1, 16), jnp.int32)
+  commit = lambda c, u, i: c.at[:, jnp.arange(1)[:, None], i].set(u)
+  for f, args, donate, touched in (
+      (lambda t, i: t[i] * 2, (table, rows), (), 16 * 256 * 4),
+      (commit, (cache, update, slots), (0,), 4 * 16 * 2 * 64 * 4)):
+    text = jax.jit(f, donate_argnums=donate).lower(*args).compile().as_text()
+    whole = 4 * math.prod(args[0].shape)
+    xla = costs.hlo.cost_analysis(text)["bytes accessed"]
+    ours = costs.Costs(kernels.Program(text, "cpu")).of()["bytes"]
+    assert xla >= whole  # the artifact, still there
+    assert touched <= ours < whole / 4
 
 
 @pytest.mark.fast

@@ -74,7 +74,8 @@ FLAGS = {
     "short_cache": (int, "also time --short-slots over this cache (default 256; 0: off)"),
     "short_slots": (_ints, "widths timed over the short cache (default 1,16,64)"),
     "inner": (int, "forwards per timed program (default 8; 1 on a CPU)"),
-    "decoders": (_names, "decoders by CLI name (default: every generate decoder)"),
+    "decoders": (_names, "decoders by CLI name (default: every generate decoder); compile: "
+                         "NAME:N for N tokens per step (tidar:4)"),
     "prompt_len": (int, "prompt tokens (default 64)"),
     "new_tokens": (int, "new tokens per row (decode 512, family 128, compile 64)"),
     "profile": (str, "a directory: trace one call per decoder (train: one step per objective), "

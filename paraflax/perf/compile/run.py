@@ -140,24 +140,26 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
   model = programs.abstract_model(cfg, run)
   prompt = plan.cache_len - plan.new_tokens
   for b in plan.batches:
-    for name in plan.decoders:
+    for entry in plan.decoders:
+      name, n = _decoder_entry(entry)
       m = methods.spec(name)
       try:
-        decoder = m.make()
+        decoder = m.make(n)
         draft = None if m.drafter is None else programs.abstract_model(
             drafter_config(m.drafter, cfg), run)
         per = core.resolve_steps_per_iter(plan.steps_per_iter, decoder, plan.new_tokens,
                                           target.platform)
         compiled = programs.decode_loop(model, decoder, b, prompt, plan.new_tokens, per, target,
                                         draft)
-        save_hlo(plan, f"decode_{name}_{b}x{plan.cache_len}_{per}steps", compiled.text)
+        save_hlo(plan, f"decode_{entry.replace(':', '')}_{b}x{plan.cache_len}_{per}steps",
+                 compiled.text)
         comps, entry = computations(compiled.text)
         slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
         local = b // target.chips if b % target.chips == 0 else b  # rows split over the chips
         body = loop_body(comps, entry, cache_shape(cfg, local, slots))
         loop = next(i.name for i in comps[entry] if i.op == "while"
                     and i.attribute("body").lstrip("%") == body)
-        common = {**head, "decoder": name, "settings": m.describe(), "batch": b,
+        common = {**head, "decoder": name, "settings": m.describe(n), "batch": b,
                   "defaults": not run_control(plan) and plan.steps_per_iter is None,
                   "memory": memory(compiled, target),
                   "compile_s": round(compiled.compile_s, 1)}
@@ -182,13 +184,21 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                "run_control": {**dataclasses.asdict(run),
                                "attention": run.attention_for(cfg, prompt)}, **prefill})
       except Exception as e:  # one program's failure is a finding; the others still compile
-        errors.append(f"compile: decode {name} batch {b}: {type(e).__name__}: {e}"[:400])
+        errors.append(f"compile: decode {entry} batch {b}: {type(e).__name__}: {e}"[:400])
         log(errors[-1])
         continue
-      log(f"[compile {plan.target}] decode {name} batch {b}: "
+      log(f"[compile {plan.target}] decode {entry} batch {b}: "
           f"{step['kernels_per_step']:,.0f} kernels/step, {step['host_syncs_per_step']:g} host "
           f"syncs/step, {step['bytes_per_step'] / (weights + kv):.2f}x floor bytes, "
           f"{compiled.compile_s:.0f} s")
+
+
+def _decoder_entry(entry: str) -> tuple[str, int | None]:
+  """`name` or `name:n` (n tokens per step, e.g. `tidar:4`) -> (name, n or None)."""
+  name, _, n = entry.partition(":")
+  if n and not n.isdigit():
+    raise ValueError(f"decoder {entry!r}: expected NAME or NAME:N with N tokens per step")
+  return name, int(n) if n else None
 
 
 def run(plan: CompilePlan, add, log) -> list[str]:
@@ -199,8 +209,8 @@ def run(plan: CompilePlan, add, log) -> list[str]:
   unknown = [o for o in plan.objectives if o not in RECIPES]
   if unknown:
     raise ValueError(f"unknown objective {unknown[0]!r}: pick from {', '.join(RECIPES)}")
-  for name in plan.decoders:
-    methods.spec(name)
+  for entry in plan.decoders:
+    methods.spec(_decoder_entry(entry)[0])
   targets.devices(target)  # a missing plugin: one line before any work
   head = {"kind": "compile", "compiled_only": True, "target": plan.target, "shape": plan.shape,
           "dtype": plan.dtype, "layers": plan.layers, "jax": jax.__version__}

@@ -48,7 +48,7 @@ test: $(VENV)/.installed $(MIN)/.installed
 	@cache=$$(mktemp -d); \
 	PARAFLAX_CACHE=$$cache $(MIN)/bin/python -m pytest -q -m fast -p no:cacheprovider \
 	  > $(MIN)/fast.log 2>&1 & low=$$!; \
-	$(PY) -m pytest -q; full=$$?; \
+	$(PY) -m pytest -q --durations=25; full=$$?; \
 	wait $$low; min=$$?; rm -rf $$cache; \
 	echo "== the fast tier on the lower bounds ($(MIN)), exit $$min:"; cat $(MIN)/fast.log; \
 	test $$full -eq 0 && test $$min -eq 0

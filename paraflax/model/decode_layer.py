@@ -16,9 +16,9 @@ finishes its outputs itself:
 
 Weights are read in place in the training layout (no decode copy, none hoisted by XLA).
 Each program computes a tile of 16 to 64 rows (a Triton dot's smallest tile, and a tile that
-keeps its weights' reads few), padded by masked loads; every array is read and written unpadded. Rounding follows the
-model's op for op (the 16-bit casts where the model casts), so in float32 the layer equals the
-model's up to summation order. `interpret=True` runs the kernels on the CPU (the tests).
+keeps its weights' reads few); every array is read and written unpadded, through masked
+tiles. Rounding follows the model's op for op (the 16-bit casts where the model casts), so in
+float32 the layer equals the model's up to summation order. `interpret=True` runs the kernels on the CPU (the tests).
 """
 
 from __future__ import annotations
@@ -97,13 +97,14 @@ def _normed(x_ref, rows, real, k, scale_ref, eps, dt, zero):
   return load
 
 
-def _matvec(load, k, w_ref, index, dt, zero):
+def _matvec(load, k, w_ref, index, dt, zero, real_cols=None):
   """The loop step `(i, acc) -> acc` adding the loaded rows times `w_ref.at[index(k0)]` (the
-  contraction's `[BLOCK_K, n]` tiles, the last masked)."""
+  contraction's `[BLOCK_K, n]` tiles, the last masked, and columns past `real_cols`)."""
   def step(i, acc):
     k0 = zero + i * BLOCK_K
     cols = i * BLOCK_K + jnp.arange(BLOCK_K) < k
-    w = plgpu.load(w_ref.at[index(k0)], mask=cols[:, None], other=0.)
+    mask = cols[:, None] if real_cols is None else cols[:, None] & real_cols[None, :]
+    w = plgpu.load(w_ref.at[index(k0)], mask=mask, other=0.)
     return acc + plgpu.dot(load(k0, BLOCK_K, cols), w.astype(dt))
   return step
 
@@ -195,10 +196,7 @@ def _project_kernel(x_ref, w_ref, *refs, shape, eps, has):
 
   def w_tile(ref):
     index = lambda k0: (pl.ds(k0, BLOCK_K), out_cols)
-    step = _matvec(load, k, ref, index, dt, zero)
-    # columns past n: a masked load of the contraction's tile reads them as any value; they
-    # are never stored
-    return _loop(step, k, rows, cols).astype(dt)
+    return _loop(_matvec(load, k, ref, index, dt, zero, real_cols), k, rows, cols).astype(dt)
   out = w_tile(w_ref)
   if gate_ref is not None:
     g = w_tile(gate_ref)  # silu as jax.nn.silu: g * sigmoid(g), each rounded to the dtype

@@ -140,8 +140,8 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
   model = programs.abstract_model(cfg, run)
   prompt = plan.cache_len - plan.new_tokens
   for b in plan.batches:
-    for entry in plan.decoders:
-      name, n = _decoder_entry(entry)
+    for asked in plan.decoders:
+      name, n = _decoder_entry(asked)
       m = methods.spec(name)
       try:
         decoder = m.make(n)
@@ -151,7 +151,7 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                                           target.platform)
         compiled = programs.decode_loop(model, decoder, b, prompt, plan.new_tokens, per, target,
                                         draft)
-        save_hlo(plan, f"decode_{entry.replace(':', '')}_{b}x{plan.cache_len}_{per}steps",
+        save_hlo(plan, f"decode_{asked.replace(':', '')}_{b}x{plan.cache_len}_{per}steps",
                  compiled.text)
         comps, entry = computations(compiled.text)
         slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
@@ -184,10 +184,10 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                "run_control": {**dataclasses.asdict(run),
                                "attention": run.attention_for(cfg, prompt)}, **prefill})
       except Exception as e:  # one program's failure is a finding; the others still compile
-        errors.append(f"compile: decode {entry} batch {b}: {type(e).__name__}: {e}"[:400])
+        errors.append(f"compile: decode {asked} batch {b}: {type(e).__name__}: {e}"[:400])
         log(errors[-1])
         continue
-      log(f"[compile {plan.target}] decode {entry} batch {b}: "
+      log(f"[compile {plan.target}] decode {asked} batch {b}: "
           f"{step['kernels_per_step']:,.0f} kernels/step, {step['host_syncs_per_step']:g} host "
           f"syncs/step, {step['bytes_per_step'] / (weights + kv):.2f}x floor bytes, "
           f"{compiled.compile_s:.0f} s")
@@ -209,8 +209,8 @@ def run(plan: CompilePlan, add, log) -> list[str]:
   unknown = [o for o in plan.objectives if o not in RECIPES]
   if unknown:
     raise ValueError(f"unknown objective {unknown[0]!r}: pick from {', '.join(RECIPES)}")
-  for entry in plan.decoders:
-    methods.spec(_decoder_entry(entry)[0])
+  for asked in plan.decoders:
+    methods.spec(_decoder_entry(asked)[0])
   targets.devices(target)  # a missing plugin: one line before any work
   head = {"kind": "compile", "compiled_only": True, "target": plan.target, "shape": plan.shape,
           "dtype": plan.dtype, "layers": plan.layers, "jax": jax.__version__}

@@ -54,6 +54,6 @@ def prefill_with_draws(fwd, prompts_BxP, prompt_lens_B, capacity: int, n: int, k
   at = prompt_lens_B[:, None] + jnp.arange(n)  # [B, n]: right after each prompt
   chunk = jnp.pad(prompts_BxP, ((0, 0), (0, n))).at[rows, at].set(draws)
   positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b, p + n))
-  logits, kv = fwd(chunk, positions, masks.causal(prompt_lens_B + n, p + n))
+  logits, kv = fwd.at(chunk, positions, masks.causal(prompt_lens_B + n, p + n), at - 1)
   cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
-  return cache, logits[rows, at - 1]
+  return cache, logits

@@ -94,12 +94,15 @@ class TiDAR(Decoder):
     tokens = jnp.concatenate([prompts, jnp.full((b, k), mask_id, prompts.dtype)], 1)
     pos_prompt = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     positions = jnp.concatenate([pos_prompt, prompt_lens[:, None] + jnp.arange(k)], 1)
-    logits, kv = fwd(tokens, positions, masks.tidar_prefill(prompt_lens, p, k))
+    # logits at each row's last prompt token, then at the mask block's k slots
+    read = jnp.concatenate([prompt_lens[:, None] - 1, jnp.broadcast_to(p + jnp.arange(k),
+                                                                       (b, k))], 1)
+    logits, kv = fwd.at(tokens, positions, masks.tidar_prefill(prompt_lens, p, k), read)
     cache = commit(init_cache(fwd.cfg, b, capacity), kv, pos_prompt, prompt_lens)
     rng, s_first, s_draft = jax.random.split(rng, 3)
-    target = self._mix(logits[jnp.arange(b), prompt_lens - 1], logits[:, p])
+    target = self._mix(logits[:, 0], logits[:, 1])
     first = self.sampler.sample(s_first, target)
-    drafts, q = self.sampler.draft(s_draft, logits[:, p + 1:])
+    drafts, q = self.sampler.draft(s_draft, logits[:, 2:])
     pending = st.no_pending(cache, k, k)
     state = st.new_state((b, max_new_tokens), prompt_lens, cache, pending,
                          self.max_steps(max_new_tokens), rng, eos_id, TiDARState,

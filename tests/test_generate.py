@@ -229,3 +229,23 @@ def test_a_step_larger_than_the_context_is_refused_on_the_host(model, decoder, d
     drafter = nnx.eval_shape(lambda: pf.Transformer(cfg, rngs=nnx.Rngs(0)))
   with jax.transfer_guard("disallow"), pytest.raises(ValueError, match=match):
     pf.generate(model, [[1]], decoder=decoder, max_new_tokens=new, draft_model=drafter)
+
+
+@pytest.mark.fast
+def test_a_prefill_heads_only_the_rows_it_reads(model):
+  """`Forward.at`: logits at the asked rows equal the full forward's there (float32), its keys
+  and values too, and a compiled prefill holds no `[B, P, V]` logits."""
+  from paraflax.decoding import state as st
+  fwd = st.Forward.of(model)
+  b, p = 2, 24
+  tokens = jax.random.randint(jax.random.key(0), (b, p), 0, model.cfg.vocab_size)
+  positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+  mask = masks.causal(jnp.array([24, 9]), p)
+  rows = jnp.array([[23, 0, 5], [8, 8, 2]])
+  logits, kv = fwd(tokens, positions, mask)
+  picked, picked_kv = fwd.at(tokens, positions, mask, rows)
+  np.testing.assert_allclose(picked, jnp.take_along_axis(logits, rows[:, :, None], 1),
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(picked_kv.k, kv.k)
+  text = jax.jit(lambda *a: st.prefill(fwd, *a, 32)).lower(tokens, jnp.array([24, 9])).as_text()
+  assert f"{b}x{p}x{model.cfg.vocab_size}xf32" not in text

@@ -82,6 +82,10 @@ def test_a_later_run_merges_into_the_report_of_its_device(tmp_path):
     Report(path, None, "x", env=CPU)
   with pytest.raises(ValueError, match="a decode row lacks decoder"):
     Report(None, None, "x", env=CPU).add({"kind": "decode", "shape": "s", "dtype": "d"})
+  # compile rows of one decoder at two settings (TiDAR at k = 4 and 8) are two programs
+  assert rows.setting({"kind": "compile", "shape": "s", "dtype": "d", "decoder": "tidar",
+                       "settings": "block 4"}) != rows.setting(
+      {"kind": "compile", "shape": "s", "dtype": "d", "decoder": "tidar", "settings": "block 8"})
 
 
 @pytest.mark.fast

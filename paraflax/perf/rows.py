@@ -41,8 +41,8 @@ SETTING = {
     "decode": ("decoder", "settings", "batch", "prompt_len", "new_tokens", "loop", "xla_flags"),
     "train": ("objective", "batch", "seq_len", "attention", "remat", "scan_layers", "variant"),
     "family": ("stage", "method", "weights"),
-    "compile": ("target", "program", "objective", "decoder", "batch", "seq_len", "cache_len",
-                "defaults", "run_control", "layers"),
+    "compile": ("target", "program", "objective", "decoder", "settings", "batch", "seq_len",
+                "cache_len", "defaults", "run_control", "layers"),
     "calibration": ("program", "objective", "decoder", "batch", "compiled_target"),
 }
 

@@ -82,7 +82,8 @@ COLUMNS = {
               ("MFU", lambda r: pct(r["mfu"], ".1f")),
               ("XLA GiB", lambda r: fmt(r.get("xla_gib"))), ("notes", notes)],
     "compile": [("target", lambda r: r["target"]), ("program", lambda r: r["program"]),
-                ("objective / decoder", lambda r: r.get("objective") or r.get("decoder")),
+                ("objective / decoder", lambda r: r.get("objective") or (
+                    f"{r['decoder']} ({r['settings']})" if r.get("settings") else r["decoder"])),
                 ("batch x tokens",
                  lambda r: f"{r['batch']} x {r.get('seq_len') or r.get('cache_len')}"),
                 ("run control", lambda r: "defaults" if r["defaults"] else ", ".join(

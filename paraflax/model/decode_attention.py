@@ -102,21 +102,21 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
     x = plgpu.dot(q, keys, trans_b=True) * scale
     return jnp.where(real[None, :], jnp.where(seen, x, _NEG), -jnp.inf)
 
-  def load(ref, cols, real):
+  def load(ref, real):  # [n, D] keys or values, rows past `real` zero
     return plgpu.load(ref, mask=real[:, None], other=0.)
 
   def block(i, carry):
     cols = pl.ds(i * BLOCK_K, BLOCK_K)
     real = i * BLOCK_K + jnp.arange(BLOCK_K) < slots
-    keys = load(k_ref.at[lay, bi, cols, hi, :], cols, real)
-    values = load(v_ref.at[lay, bi, cols, hi, :], cols, real)
+    keys = load(k_ref.at[lay, bi, cols, hi, :], real)
+    values = load(v_ref.at[lay, bi, cols, hi, :], real)
     return update(carry, scores_of(keys, cols, real), values)
 
   carry = (jnp.zeros((rows, d), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
            jnp.zeros((rows,), jnp.float32))
   carry = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), block, carry)
   real = jnp.arange(up) < chunk
-  keys, values = (load(ref.at[bi, pl.ds(zero, up), hi, :], None, real) for ref in (kn_ref, vn_ref))
+  keys, values = (load(ref.at[bi, pl.ds(zero, up), hi, :], real) for ref in (kn_ref, vn_ref))
   acc, _, l = update(carry, scores_of(keys, pl.ds(zero + slots, up), real), values)
   out = (acc / l[:, None]).astype(o_ref.dtype).reshape(tq, gp, d)
   plgpu.store(o_ref.at[bi, tile_rows, hi, heads, :], out, mask=real_q)

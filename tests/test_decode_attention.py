@@ -12,13 +12,15 @@ from flax import nnx
 
 import paraflax as pf
 from paraflax.model import attention, mask_structure, masks
-from paraflax.model.decode_attention import decode_attend
+from paraflax.model.decode_attention import BLOCK_K, decode_attend
 from paraflax.model.run import RunControl
 from paraflax.perf.shapes import model_config
 
 pytestmark = pytest.mark.fast
 
-LAYERS, SLOTS = 3, 37  # 37: blocks of the kernel's loop end past the cache (masked loads)
+# 150 slots: three blocks of the kernel's loop, the last ending past the cache (masked loads);
+# rows filled to 5, 20 and 149 read one, one and three of them
+LAYERS, SLOTS = 3, 150
 
 
 def _inputs(b, t, h, hkv, d=16, seed=0):
@@ -43,8 +45,10 @@ MASKS = {
                                     ("candidate blocks", 12), ("a row without keys", 3)])
 def test_the_kernel_equals_the_dense_path(name, t, heads):
   """float32, "highest": every row, each seeing its cache prefix and its chunk keys as the
-  mask says (row 2 a full cache but its spare slot); a query that sees nothing gets the mean
-  of every value on both paths."""
+  mask says (row 2 a full cache but its spare slot), the kernel reading only the cache
+  blocks a row's step sees. A query that sees nothing (a padding query: its output is never
+  read) gets a mean of values, finite: the dense path's of every value, the kernel's of those
+  it read."""
   h, hkv = heads
   q, k, v, cache_k, cache_v = _inputs(3, t, h, hkv)
   lengths = jnp.array([5, 20, SLOTS - 1])
@@ -52,8 +56,12 @@ def test_the_kernel_equals_the_dense_path(name, t, heads):
   with jax.default_matmul_precision("highest"):
     for layer in (0, LAYERS - 1):
       want = attention._dense(q, k, v, mask, (cache_k[layer], cache_v[layer]))
-      got = decode_attend(q, k, v, mask, cache_k, cache_v, layer, interpret=True)
-      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+      # rows 0 and 1 see slots below 20 only: their blocks past the first are never read
+      unread = [c.at[:, :2, BLOCK_K:].set(jnp.nan) for c in (cache_k, cache_v)]
+      got = decode_attend(q, k, v, mask, *unread, layer, interpret=True)
+      sees = mask.any(-1)  # [B, T]
+      np.testing.assert_allclose(got[sees], want[sees], rtol=1e-5, atol=1e-5)
+      assert np.isfinite(got).all()
 
 
 def test_a_model_running_the_kernel_decodes_the_dense_path_tokens():

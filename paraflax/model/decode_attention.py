@@ -11,7 +11,9 @@ its float32 scores `[B, Hkv, G, T, S]` and their softmax passes are one kernel h
 
 One program per (row, kv head, tile of query rows): its G query heads x T rows (a tile of
 powers of two, at least 16 in all, at most `MAX_ROWS` per program, as a tile of its dots)
-run an online softmax over the cache in blocks of `BLOCK_K` slots, then over the chunk. The
+run an online softmax over the cache in blocks of `BLOCK_K` slots, up to the last slot its
+rows can see (the filled part: a short context reads a few blocks; the mask's cache part,
+a few bytes a row, is read first to find it), then over the chunk. The
 queries, the chunk, the mask and the output are read and written unpadded, through masked
 tiles (no pad or slice kernels around the call).
 Scores of masked pairs are the float32 minimum, as on the dense path: a row with no visible
@@ -114,7 +116,14 @@ def _kernel(q_ref, kn_ref, vn_ref, mask_ref, k_ref, v_ref, o_ref, *, layer: int,
 
   carry = (jnp.zeros((rows, d), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
            jnp.zeros((rows,), jnp.float32))
-  carry = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), block, carry)
+  def last_seen(i, top):  # 1 + the last cache slot a row of the tile sees
+    at = i * BLOCK_K + jnp.arange(BLOCK_K)
+    seen = plgpu.load(mask_ref.at[bi, tile_rows, pl.ds(i * BLOCK_K, BLOCK_K)],
+                      mask=real_rows[:, None] & (at < slots)[None, :], other=False)
+    return jnp.maximum(top, jnp.max(jnp.where(seen, at[None, :] + 1, 0)))
+  # the mask's cache part (a few bytes a row) first: then only the blocks the tile sees
+  filled = jax.lax.fori_loop(0, pl.cdiv(slots, BLOCK_K), last_seen, jnp.int32(0))
+  carry = jax.lax.fori_loop(0, pl.cdiv(filled, BLOCK_K), block, carry)
   real = jnp.arange(up) < chunk
   keys, values = (load(ref.at[bi, pl.ds(zero, up), hi, :], real) for ref in (kn_ref, vn_ref))
   acc, _, l = update(carry, scores_of(keys, pl.ds(zero + slots, up), real), values)

@@ -4,6 +4,8 @@ that are not a power of two; steps wider than one program's tile), reads the lay
 of the stacked cache, and a model that runs it decodes AR's and Jacobi's tokens. Its GPU
 compile is in tests/test_compile.py, the rule that picks it in tests/test_attention.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from flax import nnx
 
 import paraflax as pf
-from paraflax.model import attention, mask_structure, masks
+from paraflax.model import attention, decode_attention, decode_layer, mask_structure, masks
 from paraflax.model.decode_attention import BLOCK_K, decode_attend
 from paraflax.model.run import RunControl
 from paraflax.perf.shapes import model_config
@@ -64,17 +66,31 @@ def test_the_kernel_equals_the_dense_path(name, t, heads):
       assert np.isfinite(got).all()
 
 
-def test_a_model_running_the_kernel_decodes_the_dense_path_tokens():
-  """Greedy AR and Jacobi, float32, on right-padded prompts: token for token."""
-  cfg = model_config("micro", "float32")
+def greedy_tokens(cfg, logit_scale: float = 1.0) -> dict:
+  """{(attention setting, decoder name): tokens} of greedy AR and Jacobi on right-padded
+  prompts, float32 "highest", for dense xla and "gpu_decode" on the same weights (the final
+  norm's scale times `logit_scale`: logits that far apart have no near ties)."""
   prompts = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size))
   lengths = np.array([12, 7])
   tokens = {}
   with jax.default_matmul_precision("highest"):
     for setting in ("xla", "gpu_decode"):
       model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
+      scale = model.final_norm.scale
+      scale[...] = scale[...] * logit_scale
       for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(4)):
         out = pf.generate(model, prompts, decoder, max_new_tokens=10, prompt_lengths=lengths)
         tokens[setting, type(decoder).__name__] = np.asarray(out.tokens)
+  return tokens
+
+
+def test_a_model_running_the_kernel_decodes_the_dense_path_tokens():
+  """Greedy AR and Jacobi, float32, on right-padded prompts: token for token. Heads of 16:
+  the attention kernel takes them, the decode layer does not (RoPE halves of 8), so the
+  kernel runs inside the model's own layer."""
+  cfg = dataclasses.replace(model_config("micro", "float32"), d_model=64)
+  assert decode_attention.supports(cfg.dim_per_head)
+  assert not decode_layer.runs(cfg, (2, 1, cfg.d_model), True, 1, "gpu_decode", "cpu")
+  tokens = greedy_tokens(cfg)
   for name in ("AR", "Jacobi"):
     np.testing.assert_array_equal(tokens["gpu_decode", name], tokens["xla", name])

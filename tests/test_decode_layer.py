@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import paraflax as pf
+from test_decode_attention import greedy_tokens
+
 from paraflax.model import decode_layer, masks
 from paraflax.model.cache import CacheLayer
-from paraflax.model.run import RunControl
 from paraflax.model.transformer import Block, rope_frequencies
 from paraflax.perf.shapes import model_config
 
@@ -62,17 +62,7 @@ def test_a_model_running_the_kernels_decodes_greedy_ar_tokens():
   tokens equal dense xla's throughout."""
   cfg = _config(vocab_size=64, n_layers=2)
   assert decode_layer.runs(cfg, (2, 1, cfg.d_model), True, 1, "gpu_decode", "cpu")
-  prompts = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size))
-  lengths = np.array([12, 7])
-  tokens = {}
-  with jax.default_matmul_precision("highest"):
-    for setting in ("xla", "gpu_decode"):
-      model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
-      scale = model.final_norm.scale  # logits 8x as far apart: no near ties
-      scale[...] = scale[...] * 8.0
-      for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(4)):
-        out = pf.generate(model, prompts, decoder, max_new_tokens=10, prompt_lengths=lengths)
-        tokens[setting, type(decoder).__name__] = np.asarray(out.tokens)
+  tokens = greedy_tokens(cfg, logit_scale=8.0)
   for name in ("AR", "Jacobi"):
     np.testing.assert_array_equal(tokens["gpu_decode", name], tokens["xla", name])
   np.testing.assert_array_equal(tokens["xla", "Jacobi"], tokens["xla", "AR"])

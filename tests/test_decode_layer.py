@@ -84,3 +84,24 @@ def test_the_layer_runs_only_where_its_kernels_apply():
   assert not decode_layer.runs(cfg, wide, True, wide[1], "auto", "gpu")
   assert not decode_layer.runs(dataclasses.replace(cfg, dtype="float32"), x, True, 4, "auto",
                                "gpu")
+
+
+def test_a_wide_projection_equals_its_matmul():
+  """A wide step's projection (200 rows: four row tiles, the last partial) takes column blocks
+  of 64 (enough programs), the last partial too: normed, gated and with the residual, it
+  equals the model's arithmetic in float32."""
+  m, k, n = 200, 96, 1000
+  keys = jax.random.split(jax.random.key(2), 5)
+  x, scale = jax.random.normal(keys[0], (m, k)), jax.random.normal(keys[1], (k,))
+  w, gate = (jax.random.normal(key, (k, n)) for key in keys[2:4])
+  residual = jax.random.normal(keys[4], (m, n))
+  assert decode_layer.column_block(m, n) == 64
+  with jax.default_matmul_precision("highest"):
+    normed = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * scale
+    want = jax.nn.silu(normed @ gate) * (normed @ w) + residual
+    got = decode_layer.project(x, w, gate=gate, norm_scale=scale, eps=1e-6, interpret=True)
+    close = lambda a, b: np.testing.assert_allclose(  # up to summation order, at b's scale
+        a, b, rtol=2e-5, atol=2e-6 * float(jnp.abs(b).max()))
+    close(got + residual, want)
+    close(decode_layer.project(x, w, residual=residual, interpret=True), x @ w + residual)
+

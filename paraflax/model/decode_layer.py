@@ -16,7 +16,11 @@ finishes its outputs itself:
 
 Weights are read in place in the training layout (no decode copy, none hoisted by XLA).
 Each program computes a tile of 16 to 64 rows (a Triton dot's smallest tile, and a tile that
-keeps its weights' reads few); every array is read and written unpadded, through masked
+keeps its weights' reads few) and a block of output columns; a wide step (up to `MAX_ROWS`:
+MR's candidate rows or TiDAR's k(1+k) at batch 8) has more row tiles, whose programs for one
+column block are neighbours in the launch order (the row tile is the grid's first axis), so
+their shared weight block is read from L2, not again from memory. Every array is read and
+written unpadded, through masked
 tiles. Rounding follows the model's op for op (the 16-bit casts where the model casts), so in
 float32 the layer equals the model's up to summation order. `interpret=True` runs the kernels on the CPU (the tests).
 """
@@ -38,8 +42,10 @@ from paraflax.parallel import sharding
 # matmuls: 2 x rows x the weights' size)
 WEIGHTS = {"paraflax_qkv_matmul": (3, 4, 5), "paraflax_matmul": (1,),
            "paraflax_gated_matmul": (1, 2)}
-MAX_ROWS = 128  # query rows a layer call may have (B x T); wider calls take XLA's path
+MAX_ROWS = 1024  # query rows a layer call may have (B x T); wider calls take XLA's path
 MIN_ROWS, TILE_ROWS = 16, 64  # a program's rows: a Triton dot's smallest tile, the largest
+PROGRAMS = 64  # a projection's output columns go in blocks of 64, 32 or 16: the widest that
+#                still makes this many programs (row tiles x column blocks) for the SMs
 BLOCK_K = 128  # contraction elements per iteration of a projection's loop
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -63,6 +69,12 @@ def _pow2(n: int) -> int:
 
 def _rows(m: int) -> int:
   return min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
+
+
+def column_block(m: int, n: int) -> int:
+  """A projection's output columns per program at `m` rows of `n` columns (`PROGRAMS`)."""
+  tiles = pl.cdiv(m, _rows(m))
+  return next(c for c in (64, 32, 16) if tiles * pl.cdiv(n, c) >= PROGRAMS or c == 16)
 
 
 def _call(kernel, grid, args, out_shape, interpret, name):
@@ -173,7 +185,7 @@ def project(x_MxK, w_KxN, *, residual=None, norm_scale=None, eps=0.0, gate=None,
   One program per (row tile, block of output columns)."""
   m, k = x_MxK.shape
   n, rows, dt = w_KxN.shape[1], _rows(m), x_MxK.dtype
-  cols = next(c for c in (64, 32, 16) if pl.cdiv(n, c) >= 64 or c == 16)
+  cols = column_block(m, n)
   args = [x_MxK, w_KxN] + [a for a in (gate, residual, norm_scale) if a is not None]
   name = "paraflax_matmul" if gate is None else "paraflax_gated_matmul"
   kernel = functools.partial(_project_kernel, shape=(m, k, n, rows, cols), eps=eps,

@@ -26,10 +26,15 @@ def _leading_true(x_BxK: jax.Array) -> jax.Array:
 
 def greedy(draft_BxK: jax.Array, target_logits_BxKp1xV: jax.Array):
   """Greedy verification. Returns (n_accepted [B] in 0..k, next_token [B])."""
+  return greedy_tokens(draft_BxK, jnp.argmax(target_logits_BxKp1xV, -1).astype(jnp.int32))
+
+
+def greedy_tokens(draft_BxK: jax.Array, target_BxKp1: jax.Array):
+  """Greedy verification against the target's argmax tokens `[B, K+1]` (a head that writes
+  no logits: `Forward.argmax`). Returns (n_accepted [B], next_token [B])."""
   k = draft_BxK.shape[1]
-  target = jnp.argmax(target_logits_BxKp1xV, -1).astype(jnp.int32)  # [B, K+1]
-  n = _leading_true(draft_BxK == target[:, :k])
-  return n, jnp.take_along_axis(target, n[:, None], 1)[:, 0]
+  n = _leading_true(draft_BxK == target_BxKp1[:, :k])
+  return n, jnp.take_along_axis(target_BxKp1, n[:, None], 1)[:, 0]
 
 
 def acceptance_probs(p_draft: jax.Array, q_draft: jax.Array, epsilon=0.0) -> jax.Array:

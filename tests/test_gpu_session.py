@@ -47,9 +47,10 @@ def test_numerics_rows_hold_where_paths_agree_and_fail_past_their_tolerance(tmp_
           "--seq-len", "64", "--json", str(path)]
   assert cli.main([*base, "--decoders", "jacobi", "--batches", "2", "--new-tokens", "8"]) == 0
   rows = _rows(path)
-  decode = ("decode_kernel", "decode_layer")
+  decode = ("decode_kernel", "decode_layer", "greedy_head")
   [loss, greedy] = [r for r in rows if r["check"] not in decode]
-  # the GPU decode kernel and layer (interpreted here) against the dense path, float32, bf16
+  # the GPU decode kernel, layer and greedy head (interpreted here) against the dense path /
+  # the model's head, float32 and bf16
   for check in decode:
     kernel = [r for r in rows if r["check"] == check]
     assert {(r["dtype"], r["rows"]) for r in kernel} == {

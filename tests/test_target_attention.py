@@ -189,13 +189,15 @@ def test_gpu_decode_steps_run_the_decode_kernel_over_the_cache_in_place():
 
 def test_gpu_decode_layers_are_five_kernels():
   """Heads 32 wide (RoPE's halves a dot's 16): every layer of an AR step is the decode
-  layer's four matmuls around the attention kernel (`decode_layer.py`), and TiDAR k=8's
-  72-row steps call the attention kernel too (`attention.GPU_DECODE_ROWS`)."""
+  layer's four matmuls around the attention kernel (`decode_layer.py`) and its head the
+  greedy head (`greedy_head.py`: no float32 logits); TiDAR k=8's steps (72 rows a sequence,
+  288 in all) run the attention kernel and the decode layer too."""
   target, devs = _target("h200")
   text = _decode_text(target, devs, (1, 1, 1), pf.decoders.AR(), 64, d_model=128)
   calls = lambda name: sum(name in line and "custom-call(" in line for line in text.splitlines())
   assert calls("paraflax_qkv_matmul") == calls("paraflax_decode_attention") >= 2
   assert calls("paraflax_matmul") == 2 * calls("paraflax_gated_matmul") == 2 * calls(
       "paraflax_qkv_matmul")
+  assert calls("paraflax_argmax_matmul") >= 1
   text = _decode_text(target, devs, (1, 1, 1), pf.decoders.TiDAR(8), 64, d_model=128)
-  assert "paraflax_decode_attention" in text
+  assert calls("paraflax_qkv_matmul") == calls("paraflax_decode_attention") >= 2

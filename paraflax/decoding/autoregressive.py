@@ -33,10 +33,15 @@ class AR(Decoder):
     # the last emitted token is fed at position prompt_len + lengths - 1 (== cache length)
     tok = st.last_tokens(state)[:, None]
     pos = (state.prompt_lens + state.lengths - 1)[:, None]
-    logits, kv = fwd(tok, pos, masks.decode(cache.lengths, cache.slots, 1), cache)
-    pending = st.PendingCommit(kv=kv, src=jnp.zeros_like(tok), count=active.astype(jnp.int32))
+    mask = masks.decode(cache.lengths, cache.slots, 1)
     rng, sub = jax.random.split(state.rng)
-    nxt = self.sampler.sample(sub, logits[:, 0])
+    if self.sampler.greedy:  # the head's argmax (no logits where its kernel runs)
+      nxt, kv = fwd.argmax(tok, pos, mask, cache)
+      nxt = nxt[:, 0]
+    else:
+      logits, kv = fwd(tok, pos, mask, cache)
+      nxt = self.sampler.sample(sub, logits[:, 0])
+    pending = st.PendingCommit(kv=kv, src=jnp.zeros_like(tok), count=active.astype(jnp.int32))
     state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
     state, _ = st.emit(state, nxt[:, None], jnp.ones_like(nxt))
     return state.replace(step=state.step + 1)

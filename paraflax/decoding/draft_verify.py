@@ -18,28 +18,35 @@ from paraflax.model import masks
 
 
 def verify_drafts(fwd, state: st.DecodeState, drafts_BxK, q_BxKxV, sampler, limit_B=None):
-  """Returns (state, target logits [B, K+1, V], emitted [B, K+1] = [d_1..d_n, next, ...],
+  """Returns (state, the target's argmax [B, K+1], emitted [B, K+1] = [d_1..d_n, next, ...],
   kept [B]: tokens emitted (n + 1, less after an EOS or at the buffer end, 0 once done)).
-  `limit` [B] (greedy only): accept at most that many drafts; the next token is then the
-  argmax after the last one accepted."""
+  A greedy sampler's forward writes no logits (`Forward.argmax`). `limit` [B] (greedy
+  only): accept at most that many drafts; the next token is then the argmax after the last
+  one accepted."""
   b, k = drafts_BxK.shape
   active = ~state.done
   cache = st.flush(state)
   chunk = jnp.concatenate([st.last_tokens(state)[:, None], drafts_BxK], 1)  # [B, K+1]
   pos = (state.prompt_lens + state.lengths - 1)[:, None] + jnp.arange(k + 1)
-  logits, kv = fwd(chunk, pos, masks.decode(cache.lengths, cache.slots, k + 1), cache)
+  mask = masks.decode(cache.lengths, cache.slots, k + 1)
   rng, sub = jax.random.split(state.rng)
-  n_acc, nxt = verify.verify(sub, sampler, drafts_BxK, q_BxKxV, logits)
+  if sampler.greedy:
+    g, kv = fwd.argmax(chunk, pos, mask, cache)
+    n_acc, nxt = verify.greedy_tokens(drafts_BxK, g)
+  else:
+    logits, kv = fwd(chunk, pos, mask, cache)
+    n_acc, nxt = verify.verify(sub, sampler, drafts_BxK, q_BxKxV, logits)
+    g = jnp.argmax(logits, -1).astype(jnp.int32)
   if limit_B is not None:
     n_acc = jnp.minimum(n_acc, limit_B)
-    nxt = jnp.argmax(logits[jnp.arange(b), n_acc], -1).astype(nxt.dtype)
+    nxt = g[jnp.arange(b), n_acc]
   new = jnp.concatenate([drafts_BxK, jnp.zeros((b, 1), drafts_BxK.dtype)], 1)
   new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_1..d_n, next, ...]
   src = jnp.broadcast_to(jnp.arange(k + 1), (b, k + 1))
   pending = st.PendingCommit(kv=kv, src=src, count=jnp.where(active, n_acc + 1, 0))
   state = state.replace(cache=cache, pending=pending, rng=rng, forwards=state.forwards + active)
   state, kept = st.emit(state, new, n_acc + 1)
-  return state.replace(step=state.step + 1), logits, new, kept
+  return state.replace(step=state.step + 1), g, new, kept
 
 
 def start_with_drafter(decoder, fwd, draft, prompts, prompt_lens, max_new_tokens: int, rng,

@@ -107,9 +107,8 @@ class Jacobi(Decoder):
     del draft
     n = self.block_size
     released = self.variant == "released"
-    state, logits, _, kept = verify_drafts(fwd, state, state.guesses, None, self.sampler,
+    state, argmax, _, kept = verify_drafts(fwd, state, state.guesses, None, self.sampler,
                                            limit_B=state.left if released else None)
-    argmax = jnp.argmax(logits, -1).astype(jnp.int32)  # [B, n]
     if not released:
       return state.replace(guesses=slide(argmax, kept, n))
     rng, sub = jax.random.split(state.rng)

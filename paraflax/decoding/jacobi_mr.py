@@ -302,8 +302,7 @@ def verify_ra(fwd, state, stream_BxT, ra_len_B, n: int, cands_BxCxN=None, valid_
     tokens = jnp.concatenate([stream_BxT, cands_BxCxN.reshape(b, c * n)], 1)
     pos = jnp.concatenate([pos, jnp.tile(p0 + jnp.arange(n), (1, c))], 1)
   mask = masks.decode_candidates(cache.lengths, cache.slots, tm, n, c)
-  logits, kv = fwd(tokens, pos, mask, cache)
-  g = jnp.argmax(logits, -1).astype(jnp.int32)  # [B, T]
+  g, kv = fwd.argmax(tokens, pos, mask, cache)  # [B, T]
   # the segments that verify the RA block, [B, 1+C, n]: the main block, then the candidates
   seg, seg_g = stream_BxT[:, None, :n], g[:, None, :n]
   if c:

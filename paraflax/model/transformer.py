@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax.model import decode_layer
+from paraflax.model import decode_layer, greedy_head
 from paraflax.model.attention import attend, dense_mask
 from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
@@ -292,6 +292,18 @@ class Transformer(nnx.Module):
   def head(self, x_BxTxD):
     """float32 logits `[B, T, V]` of final-normed hidden states (`hidden=True` outputs)."""
     return logits(x_BxTxD, self.unembedding())
+
+  def argmax(self, x_BxTxD):
+    """int32 `[B, T]`: `argmax(head(x))`, in one kernel that writes no logits where
+    `greedy_head.runs` (a GPU decode step's verified rows)."""
+    b, t, d = x_BxTxD.shape
+    backend = self.run.backend()
+    if not greedy_head.runs(self.cfg, b * t, self.run.attention, backend):
+      return jnp.argmax(self.head(x_BxTxD), -1).astype(jnp.int32)
+    tied = self.cfg.tie_embeddings
+    w = self.embed[...] if tied else self.lm_head[...]
+    return greedy_head.argmax(x_BxTxD.reshape(b * t, d), w, tied=tied,
+                              interpret=backend == "cpu").reshape(b, t)
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""

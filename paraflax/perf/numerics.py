@@ -16,8 +16,11 @@
   such a step) against the model's layer over the same cache: its output's change of the
   residual stream and the chunk's keys and values, likewise.
 
-One row of kind `numerics` per check (`check`: "loss_grad", "decode_kernel", "decode_layer"
-or "greedy_equal_ar").
+- The greedy head (`model/greedy_head.py`: a greedy step's argmax without logits) against
+  the argmax of the model's head: how far below each row's maximal logit its pick lies.
+
+One row of kind `numerics` per check (`check`: "loss_grad", "decode_kernel", "decode_layer",
+"greedy_head" or "greedy_equal_ar").
 """
 
 from __future__ import annotations
@@ -175,15 +178,44 @@ def decode_layer_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
           "ok": bool(rel <= plan.kernel_rtol[dtype])}
 
 
+def greedy_head_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
+  """The greedy head's picks against the model's head: 4 x `rows` random final-normed rows,
+  the plan's tied embedding in `dtype`. `rel_l2` here is the largest gap, relative to the
+  row's largest logit, between that logit and the logit (the reference's) of the pick: 0
+  where every pick is a maximum; `agree` the share of picks equal to the reference's."""
+  import jax
+  import jax.numpy as jnp
+
+  from paraflax.model import greedy_head
+  from paraflax.model.transformer import logits
+  from paraflax.perf.shapes import model_config
+  cfg, dt = model_config(plan.shape, dtype), jnp.dtype(dtype)
+  k = jax.random.split(jax.random.key(0), 2)
+  x = jax.random.normal(k[0], (4 * rows, cfg.d_model), dt)
+  w = (cfg.d_model ** -0.5 * jax.random.normal(k[1], (cfg.vocab_size, cfg.d_model))).astype(dt)
+  interpret = jax.default_backend() != "gpu"
+  with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
+    got = jax.jit(lambda x, w: greedy_head.argmax(x, w, tied=True, interpret=interpret))(x, w)
+    ref = jax.jit(lambda x, w: logits(x[None], w.T)[0])(x, w)
+  ref, got = np.asarray(ref, np.float64), np.asarray(got)
+  top = ref.max(-1)
+  gap = float(((top - ref[np.arange(len(got)), got]) / np.maximum(np.abs(top), 1.0)).max())
+  return {"check": "greedy_head", "decoder": f"{rows} query rows", "dtype": dtype,
+          "rows": rows, "batch": 4, "vocab": cfg.vocab_size, "reference": "xla",
+          "interpret": interpret, "rel_l2": gap, "agree": float((got == ref.argmax(-1)).mean()),
+          "rtol": plan.kernel_rtol[dtype], "ok": bool(gap <= plan.kernel_rtol[dtype])}
+
+
 def run(plan: NumericsPlan, add, log) -> list[str]:
-  """The decode kernel's and the decode layer's rows, one row per objective, then one per
+  """The decode kernel's, the decode layer's and the greedy head's rows, one row per objective, then one per
   (decoder, batch); the errors of the checks that failed to run (the others still run). A
   check that ran and missed its tolerance is a row with `ok` false, and an error too."""
   errors = []
   for name in plan.objectives:
     if name not in RECIPES:
       raise ValueError(f"unknown objective {name!r}: pick from {', '.join(RECIPES)}")
-  for what, check in (("kernel", decode_kernel_row), ("layer", decode_layer_row)):
+  for what, check in (("kernel", decode_kernel_row), ("layer", decode_layer_row),
+                      ("head", greedy_head_row)):
     for dtype in ("float32", "bfloat16"):  # first: seconds each, and a default's only check
       for rows in (1, 16):
         try:

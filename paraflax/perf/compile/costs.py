@@ -4,8 +4,8 @@ our own for the custom calls it gives no cost (cuBLAS, cuDNN, Pallas and Mosaic 
 program does not look cheaper the more of its work moves into custom calls.
 
   GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions); the
-                         decode layer's matmuls (`decode_layer.WEIGHTS`): 2 x rows x their
-                         weights' sizes
+                         decode layer's and the greedy head's matmuls (`MATMULS`): 2 x rows
+                         x their weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
                          dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal;
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
@@ -31,7 +31,7 @@ import re
 
 from paraflax import hlo
 from paraflax.model.decode_attention import KERNEL_NAME
-from paraflax.model.decode_layer import WEIGHTS
+from paraflax.model import decode_layer, greedy_head
 from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
@@ -39,6 +39,8 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3"
                "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
                "c64": 8, "c128": 16, "token": 0}
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+# our Pallas matmuls by kernel name: the operands that are their weights (rows [M, K] first)
+MATMULS = {**decode_layer.WEIGHTS, greedy_head.KERNEL_NAME: (1,)}
 _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
 
 
@@ -161,8 +163,8 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   shapes do not say."""
   kind = custom_call_class(ins)
   ops = [arrays(shapes.get(o, "")) for o in ins.operands]
-  if kernel_name(ins) in WEIGHTS:  # rows [M, K] first
-    weights = WEIGHTS[kernel_name(ins)]
+  if kernel_name(ins) in MATMULS:
+    weights = MATMULS[kernel_name(ins)]
     if len(ops) <= max(weights) or not ops[0]:
       return None
     return 2.0 * ops[0][0][1][0] * sum(math.prod(ops[i][0][1]) for i in weights)

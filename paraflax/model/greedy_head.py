@@ -1,0 +1,97 @@
+"""A greedy decode step's output head in one GPU kernel: the argmax over the vocabulary of
+each row's logits, without writing the logits.
+
+A verifying step's rows each need only their argmax, but XLA's head writes float32 logits
+`[rows, V]` and a reduction reads them back: at 512 rows of a 151,936-token vocabulary that is
+311 MB each way, more than half the weights' 1 GB. Here one Pallas (Triton) program per (tile
+of rows, block of `BLOCK_V` vocabulary columns) computes its block of logits as the model's
+head does (the weight cast to the rows' dtype, float32 accumulation), and writes only its
+block's maximum and the first column reaching it; a small XLA reduction then picks, per row,
+the first block reaching the row's maximum: the first maximal column, as `jnp.argmax` picks.
+
+The weight is read in place, either layout: a tied embedding `[V, D]` or an output
+projection `[D, V]`. Row tiles are the grid's first axis, so the programs sharing a weight
+block are neighbours in the launch order and read it once from memory. `interpret=True` runs
+the kernel on the CPU (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from paraflax.model.attention import resolve
+from paraflax.parallel import sharding
+
+KERNEL_NAME = "paraflax_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
+MAX_ROWS = 1024  # rows a call may have; wider calls take XLA's head
+BLOCK_V = 128  # vocabulary columns per program
+BLOCK_K = 128  # contraction elements per iteration of a program's loop
+MIN_ROWS, TILE_ROWS = 16, 64  # a program's rows: a Triton dot's smallest tile, the largest
+_ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def runs(cfg, rows: int, attention: str, backend: str) -> bool:
+  """Whether a greedy step's head of `rows` rows runs the kernel: where the model's decode
+  steps run the GPU decode kernels (16-bit compute on a GPU by default, or
+  `attention="gpu_decode"`, then interpreted on a CPU), on one device, at most `MAX_ROWS`."""
+  mesh = sharding.context_mesh()
+  return (rows <= MAX_ROWS and (mesh is None or mesh.size == 1)
+          and resolve(attention, backend, cfg.compute_dtype, max_len=cfg.max_seq_len, rows=1,
+                      cached=True) == "gpu_decode")
+
+
+def _pow2(n: int) -> int:
+  return 1 << (n - 1).bit_length()
+
+
+def argmax(x_MxD, w, *, tied: bool, interpret: bool = False):
+  """int32 `[M]`: the first column of each row's maximal logit, the logits being
+  `x @ w.T` (`tied`: w the embedding `[V, D]`) or `x @ w` (w `[D, V]`), w cast to x's dtype
+  and accumulated in float32 (`transformer.logits`)."""
+  m, d = x_MxD.shape
+  v = w.shape[0] if tied else w.shape[1]
+  rows = min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
+  blocks = pl.cdiv(v, BLOCK_V)
+  kernel = functools.partial(_kernel, shape=(m, d, v, rows), tied=tied)
+  out = (jax.ShapeDtypeStruct((m, blocks), jnp.float32),
+         jax.ShapeDtypeStruct((m, blocks), jnp.int32))
+  best, at = pl.pallas_call(
+      kernel, grid=(pl.cdiv(m, rows), blocks), in_specs=[_ANY, _ANY], out_specs=(_ANY, _ANY),
+      out_shape=out, compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=3),
+      interpret=interpret, name=KERNEL_NAME)(x_MxD, w)
+  block = jnp.argmax(best, -1)  # the first block reaching the row's maximum
+  return jnp.take_along_axis(at, block[:, None], 1)[:, 0]
+
+
+def _kernel(x_ref, w_ref, best_ref, at_ref, *, shape, tied):
+  m, d, v, rows = shape
+  first, v0 = pl.program_id(0) * rows, pl.program_id(1) * BLOCK_V
+  tile = pl.ds(first, rows)
+  real = first + jnp.arange(rows) < m
+  cols = v0 + jnp.arange(BLOCK_V)
+  zero, dt = first * 0, x_ref.dtype
+
+  def step(i, acc):
+    k = i * BLOCK_K + jnp.arange(BLOCK_K) < d
+    k0 = zero + i * BLOCK_K
+    x = plgpu.load(x_ref.at[tile, pl.ds(k0, BLOCK_K)], mask=real[:, None] & k[None, :],
+                   other=0.)
+    if tied:  # [BLOCK_V, BLOCK_K] of the embedding
+      w = plgpu.load(w_ref.at[pl.ds(v0, BLOCK_V), pl.ds(k0, BLOCK_K)],
+                     mask=(cols < v)[:, None] & k[None, :], other=0.)
+      return acc + plgpu.dot(x, w.astype(dt), trans_b=True)
+    w = plgpu.load(w_ref.at[pl.ds(k0, BLOCK_K), pl.ds(v0, BLOCK_V)],
+                   mask=k[:, None] & (cols < v)[None, :], other=0.)
+    return acc + plgpu.dot(x, w.astype(dt))
+
+  logits = jax.lax.fori_loop(0, pl.cdiv(d, BLOCK_K), step,
+                             jnp.zeros((rows, BLOCK_V), jnp.float32))
+  logits = jnp.where((cols < v)[None, :], logits, -jnp.inf)
+  block = pl.program_id(1)
+  plgpu.store(best_ref.at[tile, block], logits.max(-1), mask=real)
+  plgpu.store(at_ref.at[tile, block], v0 + jnp.argmax(logits, -1).astype(jnp.int32), mask=real)

@@ -66,10 +66,10 @@ def test_the_kernel_equals_the_dense_path(name, t, heads):
       assert np.isfinite(got).all()
 
 
-def greedy_tokens(cfg, logit_scale: float = 1.0) -> dict:
-  """{(attention setting, decoder name): tokens} of greedy AR and Jacobi on right-padded
-  prompts, float32 "highest", for dense xla and "gpu_decode" on the same weights (the final
-  norm's scale times `logit_scale`: logits that far apart have no near ties)."""
+def greedy_tokens(cfg, logit_scale: float = 1.0, decoders=None) -> dict:
+  """{(attention setting, decoder name): tokens} of greedy AR and Jacobi (or `decoders`) on
+  right-padded prompts, float32 "highest", for dense xla and "gpu_decode" on the same weights
+  (the final norm's scale times `logit_scale`: logits that far apart have no near ties)."""
   prompts = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size))
   lengths = np.array([12, 7])
   tokens = {}
@@ -78,7 +78,7 @@ def greedy_tokens(cfg, logit_scale: float = 1.0) -> dict:
       model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
       scale = model.final_norm.scale
       scale[...] = scale[...] * logit_scale
-      for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(4)):
+      for decoder in decoders or (pf.decoders.AR(), pf.decoders.Jacobi(4)):
         out = pf.generate(model, prompts, decoder, max_new_tokens=10, prompt_lengths=lengths)
         tokens[setting, type(decoder).__name__] = np.asarray(out.tokens)
   return tokens

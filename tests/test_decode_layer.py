@@ -13,6 +13,7 @@ from flax import nnx
 
 from test_decode_attention import greedy_tokens
 
+import paraflax as pf
 from paraflax.model import decode_layer, masks
 from paraflax.model.cache import CacheLayer
 from paraflax.model.transformer import Block, rope_frequencies
@@ -57,13 +58,15 @@ def test_the_layer_equals_the_model_layer(b, t, bias):
 
 
 def test_a_model_running_the_kernels_decodes_greedy_ar_tokens():
-  """Greedy AR and Jacobi, float32, right-padded prompts: with `attention="gpu_decode"` the
-  prefill (wider than a decode step) runs dense xla and every step the five kernels, and the
-  tokens equal dense xla's throughout."""
-  cfg = _config(vocab_size=64, n_layers=2)
-  assert decode_layer.runs(cfg, (2, 1, cfg.d_model), True, 1, "gpu_decode", "cpu")
-  tokens = greedy_tokens(cfg, logit_scale=8.0)
-  for name in ("AR", "Jacobi"):
+  """Greedy AR, Jacobi and TiDAR (k=4: 20 rows a sequence, its target mixing AR and
+  diffusion rows in the greedy head), float32, right-padded prompts: with
+  `attention="gpu_decode"` the prefill (wider than a decode step) runs dense xla and every
+  step the five kernels and the greedy head, and the tokens equal dense xla's throughout."""
+  cfg = _config(vocab_size=64, n_layers=2, mask_token_id=63)
+  assert decode_layer.runs(cfg, (2, 20, cfg.d_model), True, 20, "gpu_decode", "cpu")
+  decoders = (pf.decoders.AR(), pf.decoders.Jacobi(4), pf.decoders.TiDAR(4))
+  tokens = greedy_tokens(cfg, logit_scale=8.0, decoders=decoders)
+  for name in ("AR", "Jacobi", "TiDAR"):
     np.testing.assert_array_equal(tokens["gpu_decode", name], tokens["xla", name])
   np.testing.assert_array_equal(tokens["xla", "Jacobi"], tokens["xla", "AR"])
 

@@ -1,7 +1,9 @@
 """The greedy head kernel (`model/greedy_head.py`), run interpreted on this CPU: its argmax
 equals `argmax(head(x))` for both weight layouts, rows past a tile and a vocabulary that is
-not a multiple of its block, ties go to the first maximal column as `jnp.argmax`'s do, and
-the rule runs it only where the GPU decode kernels run."""
+not a multiple of its block, ties go to the first maximal column as `jnp.argmax`'s do, rows
+mixed with other rows (TiDAR's target) are argmaxes of the mixed logits, the model's argmax
+is the same through the kernel and through its logits, and the rule runs it only where the
+GPU decode kernels run."""
 
 import dataclasses
 
@@ -9,8 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+import paraflax as pf
 from paraflax.model import greedy_head
+from paraflax.model.run import RunControl
 from paraflax.model.transformer import logits
 from paraflax.perf.shapes import model_config
 
@@ -51,3 +56,34 @@ def test_the_kernel_runs_where_the_decode_kernels_run():
   assert not greedy_head.runs(cfg, 8, "xla", "gpu")
   assert not greedy_head.runs(cfg, greedy_head.MAX_ROWS + 1, "auto", "gpu")
   assert not greedy_head.runs(dataclasses.replace(cfg, dtype="float32"), 8, "auto", "gpu")
+
+
+def test_a_mixed_row_is_the_argmax_of_the_mixed_logits():
+  """TiDAR's target: `a * logits(x) + (1 - a) * logits(y)` per row (a = 1: x's own row)."""
+  kx, ky, kw, ka = jax.random.split(jax.random.key(4), 4)
+  x, y = jax.random.normal(kx, (20, D)), jax.random.normal(ky, (20, D))
+  w = jax.random.normal(kw, (V, D))
+  a = jnp.where(jnp.arange(20) < 10, jax.random.uniform(ka, (20,)), 1.0)
+  with jax.default_matmul_precision("highest"):
+    mixed = a[:, None] * (x @ w.T) + (1.0 - a[:, None]) * (y @ w.T)
+    got = greedy_head.argmax(x, w, tied=True, mix=(y, a), interpret=True)
+    np.testing.assert_array_equal(got, jnp.argmax(mixed, -1))
+    np.testing.assert_array_equal(got[10:], jnp.argmax(x[10:] @ w.T, -1))
+
+
+def test_the_model_argmax_takes_the_kernel_or_the_logits_alike():
+  """`Transformer.argmax` with and without `mix`: the kernel ("gpu_decode", interpreted)
+  and the logits path ("xla") give the same tokens, tied embedding or not."""
+  for tied in (True, False):
+    cfg = dataclasses.replace(model_config("micro", "float32"), tie_embeddings=tied)
+    assert greedy_head.runs(cfg, 12, "gpu_decode", "cpu")
+    x = jax.random.normal(jax.random.key(5), (2, 6, cfg.d_model))
+    other = jnp.broadcast_to(jnp.array([3, 4, 5, 3, 4, 5]), (2, 6))
+    a = jnp.broadcast_to(jnp.array([0.25, 0.5, 1.0, 1.0, 1.0, 1.0]), (2, 6))
+    got = {}
+    with jax.default_matmul_precision("highest"):
+      for setting in ("xla", "gpu_decode"):
+        model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
+        got[setting] = [model.argmax(x), model.argmax(x, (other, a))]
+    for want, have in zip(got["xla"], got["gpu_decode"]):
+      np.testing.assert_array_equal(have, want)

@@ -45,13 +45,13 @@ class Forward:
       x, kv = model(tokens, positions, mask, hidden=True)
       return model.head(jnp.take_along_axis(x, rows_BxN[:, :, None], axis=1)), kv
 
-  def argmax(self, tokens, positions, mask, cache=None):
+  def argmax(self, tokens, positions, mask, cache=None, mix=None):
     """(int32 greedy tokens `[B, T]`: the argmax of each row's logits, ChunkKV), without
-    float32 logits where the model's head kernel runs (`Transformer.argmax`)."""
+    float32 logits where the model's head kernel runs (`Transformer.argmax`, `mix` too)."""
     with jax.named_scope(self.scope):
       model = nnx.merge(self.graphdef, self.params)
       x, kv = model(tokens, positions, mask, cache, hidden=True)
-      return model.argmax(x), kv
+      return model.argmax(x, mix), kv
 
   def in_compute_dtype(self) -> "Forward":
     """The weights wider than the compute dtype cast to it (float32 parameters of a bf16

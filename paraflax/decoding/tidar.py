@@ -84,6 +84,24 @@ class TiDAR(Decoder):
   def _mix(self, ar_logits, diff_logits):
     return self.beta * ar_logits + (1.0 - self.beta) * diff_logits
 
+  def _greedy(self, fwd, state, tokens, positions, mask, cache):
+    """A greedy step from the forward's argmaxes (`Forward.argmax`): AR row j's logits mixed
+    with block j's first slot (`_mix`), every slot's own. Returns (n_acc [B], next [B],
+    the next drafts [B, k-1]: slots 2..k of block n_acc, ChunkKV)."""
+    k, b = self.block_size, tokens.shape[0]
+    t = k + k * k
+    other = jnp.concatenate([k + k * jnp.arange(k), jnp.arange(k, t)])  # [T]
+    a = jnp.concatenate([jnp.full((k,), self.beta, jnp.float32), jnp.ones((k * k,))])
+    mix = (jnp.broadcast_to(other, (b, t)), jnp.broadcast_to(a, (b, t)))
+    g, kv = fwd.argmax(tokens, positions, mask, cache, mix=mix)
+    target, diff = g[:, :k], g[:, k:].reshape(b, k, k)
+    if k == 1:
+      n_acc, nxt = jnp.zeros((b,), jnp.int32), target[:, 0]
+    else:
+      n_acc, nxt = verify.greedy_tokens(state.drafts, target)
+    drafts = jnp.take_along_axis(diff, n_acc[:, None, None], 1)[:, 0, 1:]
+    return n_acc, nxt, drafts, kv
+
   def init(self, fwd, draft, prompts, prompt_lens, max_new_tokens, rng, eos_id):
     del draft
     k = self.block_size
@@ -122,19 +140,24 @@ class TiDAR(Decoder):
     pos_slots = base[:, None, None] + jnp.arange(k)[:, None] + 1 + jnp.arange(k)[None, :]
     tokens = jnp.concatenate([inputs, jnp.full((b, k * k), fwd.cfg.mask_token_id, jnp.int32)], 1)
     positions = jnp.concatenate([pos_inputs, pos_slots.reshape(b, k * k)], 1)
-    logits, kv = fwd(tokens, positions, masks.tidar_decode(cache.lengths, cache.slots, k), cache)
-    v = logits.shape[-1]
-    diff_BxKxKxV = logits[:, k:].reshape(b, k, k, v)
-    target_BxKxV = self._mix(logits[:, :k], diff_BxKxKxV[:, :, 0])
+    mask = masks.tidar_decode(cache.lengths, cache.slots, k)
     rng, s_verify, s_draft = jax.random.split(state.rng, 3)
-    if k == 1:  # no drafts: plain sampling from the target
-      n_acc = jnp.zeros((b,), jnp.int32)
-      nxt = self.sampler.sample(s_verify, target_BxKxV[:, 0])
+    if self.sampler.greedy:  # argmaxes only: no logits where the head kernel runs
+      n_acc, nxt, new_drafts, kv = self._greedy(fwd, state, tokens, positions, mask, cache)
+      new_q = None
     else:
-      n_acc, nxt = verify.verify(s_verify, self.sampler, state.drafts, state.q, target_BxKxV)
-    # slots 2..k of block n_acc (after the accepted inputs) draft the next step
-    chosen = jnp.take_along_axis(diff_BxKxKxV, n_acc[:, None, None, None], 1)[:, 0, 1:]
-    new_drafts, new_q = self.sampler.draft(s_draft, chosen)
+      logits, kv = fwd(tokens, positions, mask, cache)
+      v = logits.shape[-1]
+      diff_BxKxKxV = logits[:, k:].reshape(b, k, k, v)
+      target_BxKxV = self._mix(logits[:, :k], diff_BxKxKxV[:, :, 0])
+      if k == 1:  # no drafts: plain sampling from the target
+        n_acc = jnp.zeros((b,), jnp.int32)
+        nxt = self.sampler.sample(s_verify, target_BxKxV[:, 0])
+      else:
+        n_acc, nxt = verify.verify(s_verify, self.sampler, state.drafts, state.q, target_BxKxV)
+      # slots 2..k of block n_acc (after the accepted inputs) draft the next step
+      chosen = jnp.take_along_axis(diff_BxKxKxV, n_acc[:, None, None, None], 1)[:, 0, 1:]
+      new_drafts, new_q = self.sampler.draft(s_draft, chosen)
     new = jnp.concatenate([state.drafts, jnp.zeros((b, 1), jnp.int32)], 1)
     new = new.at[jnp.arange(b), n_acc].set(nxt)  # [d_2..d_{n+1}, next, ...]
     src = jnp.broadcast_to(jnp.arange(k), (b, k))

@@ -49,48 +49,59 @@ def _pow2(n: int) -> int:
   return 1 << (n - 1).bit_length()
 
 
-def argmax(x_MxD, w, *, tied: bool, interpret: bool = False):
+def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):
   """int32 `[M]`: the first column of each row's maximal logit, the logits being
   `x @ w.T` (`tied`: w the embedding `[V, D]`) or `x @ w` (w `[D, V]`), w cast to x's dtype
-  and accumulated in float32 (`transformer.logits`)."""
+  and accumulated in float32 (`transformer.logits`). `mix` (y `[M, D]`, a `[M]` float32):
+  the logits are `a * logits(x) + (1 - a) * logits(y)` (TiDAR's target, weighing its AR
+  rows against its diffusion rows), as XLA computes them from the two rows' logits."""
   m, d = x_MxD.shape
   v = w.shape[0] if tied else w.shape[1]
   rows = min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
   blocks = pl.cdiv(v, BLOCK_V)
+  args = (x_MxD, w) if mix is None else (x_MxD, w, mix[0], mix[1].astype(jnp.float32))
   kernel = functools.partial(_kernel, shape=(m, d, v, rows), tied=tied)
   out = (jax.ShapeDtypeStruct((m, blocks), jnp.float32),
          jax.ShapeDtypeStruct((m, blocks), jnp.int32))
   best, at = pl.pallas_call(
-      kernel, grid=(pl.cdiv(m, rows), blocks), in_specs=[_ANY, _ANY], out_specs=(_ANY, _ANY),
-      out_shape=out, compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=3),
-      interpret=interpret, name=KERNEL_NAME)(x_MxD, w)
+      kernel, grid=(pl.cdiv(m, rows), blocks), in_specs=[_ANY] * len(args),
+      out_specs=(_ANY, _ANY), out_shape=out,
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=3),
+      interpret=interpret, name=KERNEL_NAME)(*args)
   block = jnp.argmax(best, -1)  # the first block reaching the row's maximum
   return jnp.take_along_axis(at, block[:, None], 1)[:, 0]
 
 
-def _kernel(x_ref, w_ref, best_ref, at_ref, *, shape, tied):
+def _kernel(x_ref, w_ref, *refs, shape, tied):
   m, d, v, rows = shape
+  y_ref, a_ref = refs[:-2] if len(refs) == 4 else (None, None)
+  best_ref, at_ref = refs[-2:]
   first, v0 = pl.program_id(0) * rows, pl.program_id(1) * BLOCK_V
   tile = pl.ds(first, rows)
   real = first + jnp.arange(rows) < m
   cols = v0 + jnp.arange(BLOCK_V)
   zero, dt = first * 0, x_ref.dtype
+  sources = (x_ref,) if y_ref is None else (x_ref, y_ref)
 
-  def step(i, acc):
+  def step(i, accs):
     k = i * BLOCK_K + jnp.arange(BLOCK_K) < d
     k0 = zero + i * BLOCK_K
-    x = plgpu.load(x_ref.at[tile, pl.ds(k0, BLOCK_K)], mask=real[:, None] & k[None, :],
-                   other=0.)
+    xs = [plgpu.load(r.at[tile, pl.ds(k0, BLOCK_K)], mask=real[:, None] & k[None, :], other=0.)
+          for r in sources]
     if tied:  # [BLOCK_V, BLOCK_K] of the embedding
       w = plgpu.load(w_ref.at[pl.ds(v0, BLOCK_V), pl.ds(k0, BLOCK_K)],
-                     mask=(cols < v)[:, None] & k[None, :], other=0.)
-      return acc + plgpu.dot(x, w.astype(dt), trans_b=True)
+                     mask=(cols < v)[:, None] & k[None, :], other=0.).astype(dt)
+      return tuple(acc + plgpu.dot(x, w, trans_b=True) for acc, x in zip(accs, xs))
     w = plgpu.load(w_ref.at[pl.ds(k0, BLOCK_K), pl.ds(v0, BLOCK_V)],
-                   mask=k[:, None] & (cols < v)[None, :], other=0.)
-    return acc + plgpu.dot(x, w.astype(dt))
+                   mask=k[:, None] & (cols < v)[None, :], other=0.).astype(dt)
+    return tuple(acc + plgpu.dot(x, w) for acc, x in zip(accs, xs))
 
-  logits = jax.lax.fori_loop(0, pl.cdiv(d, BLOCK_K), step,
-                             jnp.zeros((rows, BLOCK_V), jnp.float32))
+  accs = jax.lax.fori_loop(0, pl.cdiv(d, BLOCK_K), step,
+                           tuple(jnp.zeros((rows, BLOCK_V), jnp.float32) for _ in sources))
+  logits = accs[0]
+  if y_ref is not None:
+    a = plgpu.load(a_ref.at[tile], mask=real, other=1.)[:, None]
+    logits = a * accs[0] + (1.0 - a) * accs[1]
   logits = jnp.where((cols < v)[None, :], logits, -jnp.inf)
   block = pl.program_id(1)
   plgpu.store(best_ref.at[tile, block], logits.max(-1), mask=real)

@@ -293,16 +293,25 @@ class Transformer(nnx.Module):
     """float32 logits `[B, T, V]` of final-normed hidden states (`hidden=True` outputs)."""
     return logits(x_BxTxD, self.unembedding())
 
-  def argmax(self, x_BxTxD):
+  def argmax(self, x_BxTxD, mix=None):
     """int32 `[B, T]`: `argmax(head(x))`, in one kernel that writes no logits where
-    `greedy_head.runs` (a GPU decode step's verified rows)."""
+    `greedy_head.runs` (a GPU decode step's verified rows). `mix` (other `[B, T]` int32, a
+    `[B, T]`): row t's logits are `a * logits[t] + (1 - a) * logits[other]` (TiDAR's target
+    mixes its AR and diffusion rows; a = 1 with other = t leaves a row as it is)."""
     b, t, d = x_BxTxD.shape
     backend = self.run.backend()
     if not greedy_head.runs(self.cfg, b * t, self.run.attention, backend):
-      return jnp.argmax(self.head(x_BxTxD), -1).astype(jnp.int32)
+      out = self.head(x_BxTxD)
+      if mix is not None:
+        a = mix[1][..., None]
+        out = a * out + (1.0 - a) * jnp.take_along_axis(out, mix[0][..., None], 1)
+      return jnp.argmax(out, -1).astype(jnp.int32)
     tied = self.cfg.tie_embeddings
     w = self.embed[...] if tied else self.lm_head[...]
-    return greedy_head.argmax(x_BxTxD.reshape(b * t, d), w, tied=tied,
+    flat = lambda z: z.reshape(b * t, *z.shape[2:])
+    mixed = None if mix is None else (
+        flat(jnp.take_along_axis(x_BxTxD, mix[0][..., None], 1)), flat(mix[1]))
+    return greedy_head.argmax(flat(x_BxTxD), w, tied=tied, mix=mixed,
                               interpret=backend == "cpu").reshape(b, t)
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):

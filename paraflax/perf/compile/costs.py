@@ -167,7 +167,10 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
     weights = MATMULS[kernel_name(ins)]
     if len(ops) <= max(weights) or not ops[0]:
       return None
-    return 2.0 * ops[0][0][1][0] * sum(math.prod(ops[i][0][1]) for i in weights)
+    rows = ops[0][0][1][0]
+    if kernel_name(ins) == greedy_head.KERNEL_NAME and len(ops) == 4:  # mixed: two rows' logits
+      rows *= 2
+    return 2.0 * rows * sum(math.prod(ops[i][0][1]) for i in weights)
   if kind == "gemm":
     config = ins.attribute("backend_config") or ""
     contracting = re.search(r'lhs_contracting_dimensions\\?"\s*:\s*\[([^\]]*)\]', config)

@@ -20,9 +20,9 @@ keeps its weights' reads few) and a block of output columns; a wide step (up to 
 MR's candidate rows or TiDAR's k(1+k) at batch 8) has more row tiles, whose programs for one
 column block are neighbours in the launch order (the row tile is the grid's first axis), so
 their shared weight block is read from L2, not again from memory. Every array is read and
-written unpadded, through masked
-tiles. Rounding follows the model's op for op (the 16-bit casts where the model casts), so in
-float32 the layer equals the model's up to summation order. `interpret=True` runs the kernels on the CPU (the tests).
+written unpadded, through masked tiles. Rounding follows the model's op for op (the 16-bit
+casts where the model casts), so in float32 the layer equals the model's up to summation
+order. `interpret=True` runs the kernels on the CPU (the tests).
 """
 
 from __future__ import annotations

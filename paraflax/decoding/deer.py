@@ -56,6 +56,10 @@ class DEER(Decoder):
   State = DEERState
 
   @property
+  def draft_forwards_per_step(self) -> int:
+    return 1  # one diffusion forward drafts the block
+
+  @property
   def lookahead(self) -> int:
     return self.block_size
 
@@ -125,6 +129,7 @@ class DEER(Decoder):
     rng, sub = jax.random.split(state.rng)
     state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
     drafts, q, dcache = self._draft(draft, state, sub, fwd.cfg.vocab_size)
-    state = state.replace(draft_forwards=state.draft_forwards + active)
+    state = state.replace(draft_forwards=state.draft_forwards
+                          + self.draft_forwards_per_step * active)
     state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
     return state.replace(draft_cache=dcache)  # it holds only emitted tokens: no rollback

@@ -53,6 +53,11 @@ class Decoder(abc.ABC, metaclass=_Renamed):
     """Cache rows a step may commit past the last emitted token (0: one token a step)."""
     return 0
 
+  @property
+  def draft_forwards_per_step(self) -> int:
+    """Drafter forwards a step runs (0: no separate drafter)."""
+    return 0
+
   def cache_capacity(self, prompt_len: int, max_new_tokens: int) -> int:
     """Cache slots: the prompt buffer, the output and what a step may commit past it."""
     return prompt_len + max_new_tokens + self.lookahead

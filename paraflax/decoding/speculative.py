@@ -84,6 +84,10 @@ class Speculative(Decoder):
     return (DEER if drafter == "diffusion" else Speculative)(*args, **kwargs)
 
   @property
+  def draft_forwards_per_step(self) -> int:
+    return self.block_size  # one a draft
+
+  @property
   def lookahead(self) -> int:
     return self.block_size
 
@@ -145,7 +149,8 @@ class Speculative(Decoder):
     rng, sub = jax.random.split(state.rng)
     state = state.replace(rng=rng)  # verify_drafts splits its own key from the new one
     dcache, dpending, drafts, q = self._draft(draft, state, sub, fwd.cfg.vocab_size)
-    state = state.replace(draft_forwards=state.draft_forwards + self.block_size * active)
+    state = state.replace(draft_forwards=state.draft_forwards
+                          + self.draft_forwards_per_step * active)
     state, _, _, _ = verify_drafts(fwd, state, drafts, q, self.sampler)
     # roll the drafter back to the emitted prefix that the target has cached: the context
     # minus its last token (after a full acceptance that drops d_k, which was never fed)

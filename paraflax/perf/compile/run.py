@@ -164,13 +164,14 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
                   "memory": memory(compiled, target),
                   "compile_s": round(compiled.compile_s, 1)}
         step = measure(compiled.text, target, body=body, per=per)
+        drafts = decoder.draft_forwards_per_step  # the floor reads a drafter's weights each
         weights = bytes_at(nnx.state(model), cfg.compute_dtype) + (
-            0 if draft is None else bytes_at(nnx.state(draft), draft.cfg.compute_dtype))
+            0 if draft is None else drafts * bytes_at(nnx.state(draft), draft.cfg.compute_dtype))
         kv = cache_bytes(cfg, local, plan.cache_len) + (  # one device's rows
             0 if draft is None else cache_bytes(draft.cfg, local, plan.cache_len))
         scopes = step.pop("kernels_by_scope", {})
         forwards = {"kernels_per_target_forward": scopes.get("target", step["kernels_per_step"]),
-                    **({"kernels_per_drafter_forward": scopes.get("drafter", 0.0)}
+                    **({"kernels_per_drafter_forward": scopes.get("drafter", 0.0) / drafts}
                        if draft is not None else {})}
         add({**common, "program": "decode", "cache_len": plan.cache_len,
              "run_control": {**dataclasses.asdict(run), "steps_per_iter": per,

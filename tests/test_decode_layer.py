@@ -107,4 +107,3 @@ def test_a_wide_projection_equals_its_matmul():
         a, b, rtol=2e-5, atol=2e-6 * float(jnp.abs(b).max()))
     close(got + residual, want)
     close(decode_layer.project(x, w, residual=residual, interpret=True), x @ w + residual)
-

@@ -67,13 +67,14 @@ def _pow2(n: int) -> int:
   return 1 << (n - 1).bit_length()
 
 
-def _rows(m: int) -> int:
+def row_tile(m: int) -> int:
+  """A program's rows for a call of `m` rows (`MIN_ROWS` to `TILE_ROWS`, a power of two)."""
   return min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
 
 
 def column_block(m: int, n: int) -> int:
   """A projection's output columns per program at `m` rows of `n` columns (`PROGRAMS`)."""
-  tiles = pl.cdiv(m, _rows(m))
+  tiles = pl.cdiv(m, row_tile(m))
   return next(c for c in (64, 32, 16) if tiles * pl.cdiv(n, c) >= PROGRAMS or c == 16)
 
 
@@ -132,7 +133,7 @@ def qkv(x_MxD, positions_M, norm_scale, eps, wq, wk, wv, biases, inv_freq, *,
   `transformer.apply_rope`), in x's dtype. One program per (row tile, head of q, k or v)."""
   m, d = x_MxD.shape
   _, h, dh = wq.shape
-  hkv, rows, dt = wk.shape[1], _rows(m), x_MxD.dtype
+  hkv, rows, dt = wk.shape[1], row_tile(m), x_MxD.dtype
   heads = (h, hkv, hkv)
   args = (x_MxD, positions_M, norm_scale, wq, wk, wv, jnp.asarray(inv_freq, jnp.float32),
           *(biases or ()))
@@ -184,7 +185,7 @@ def project(x_MxK, w_KxN, *, residual=None, norm_scale=None, eps=0.0, gate=None,
   `silu(x @ gate) * (x @ w)` when `gate` `[K, N]` is given, then `+ residual`.
   One program per (row tile, block of output columns)."""
   m, k = x_MxK.shape
-  n, rows, dt = w_KxN.shape[1], _rows(m), x_MxK.dtype
+  n, rows, dt = w_KxN.shape[1], row_tile(m), x_MxK.dtype
   cols = column_block(m, n)
   args = [x_MxK, w_KxN] + [a for a in (gate, residual, norm_scale) if a is not None]
   name = "paraflax_matmul" if gate is None else "paraflax_gated_matmul"

@@ -25,13 +25,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from paraflax.model.attention import resolve
+from paraflax.model.decode_layer import BLOCK_K, row_tile
 from paraflax.parallel import sharding
 
 KERNEL_NAME = "paraflax_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
 MAX_ROWS = 1024  # rows a call may have; wider calls take XLA's head
-BLOCK_V = 128  # vocabulary columns per program
-BLOCK_K = 128  # contraction elements per iteration of a program's loop
-MIN_ROWS, TILE_ROWS = 16, 64  # a program's rows: a Triton dot's smallest tile, the largest
+BLOCK_V = 128  # vocabulary columns per program (rows and contraction tiled as the decode layer)
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -45,10 +44,6 @@ def runs(cfg, rows: int, attention: str, backend: str) -> bool:
                       cached=True) == "gpu_decode")
 
 
-def _pow2(n: int) -> int:
-  return 1 << (n - 1).bit_length()
-
-
 def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):
   """int32 `[M]`: the first column of each row's maximal logit, the logits being
   `x @ w.T` (`tied`: w the embedding `[V, D]`) or `x @ w` (w `[D, V]`), w cast to x's dtype
@@ -57,7 +52,7 @@ def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):
   rows against its diffusion rows), as XLA computes them from the two rows' logits."""
   m, d = x_MxD.shape
   v = w.shape[0] if tied else w.shape[1]
-  rows = min(max(MIN_ROWS, _pow2(m)), TILE_ROWS)
+  rows = row_tile(m)
   blocks = pl.cdiv(v, BLOCK_V)
   args = (x_MxD, w) if mix is None else (x_MxD, w, mix[0], mix[1].astype(jnp.float32))
   kernel = functools.partial(_kernel, shape=(m, d, v, rows), tied=tied)

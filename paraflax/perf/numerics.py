@@ -207,9 +207,10 @@ def greedy_head_row(plan: NumericsPlan, dtype: str, rows: int) -> dict:
 
 
 def run(plan: NumericsPlan, add, log) -> list[str]:
-  """The decode kernel's, the decode layer's and the greedy head's rows, one row per objective, then one per
-  (decoder, batch); the errors of the checks that failed to run (the others still run). A
-  check that ran and missed its tolerance is a row with `ok` false, and an error too."""
+  """The decode kernel's, the decode layer's and the greedy head's rows, one row per
+  objective, then one per (decoder, batch); the errors of the checks that failed to run (the
+  others still run). A check that ran and missed its tolerance is a row with `ok` false, and
+  an error too."""
   errors = []
   for name in plan.objectives:
     if name not in RECIPES:

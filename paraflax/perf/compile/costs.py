@@ -39,8 +39,10 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3"
                "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
                "c64": 8, "c128": 16, "token": 0}
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
-# our Pallas matmuls by kernel name: the operands that are their weights (rows [M, K] first)
-MATMULS = {**decode_layer.WEIGHTS, greedy_head.KERNEL_NAME: (1,)}
+# our Pallas matmuls by kernel name: (the operands that are rows [M, K], those that are
+# weights); the greedy head's second rows are a mixed head's (TiDAR's target: two rows' logits)
+MATMULS = {**{name: ((0,), w) for name, w in decode_layer.WEIGHTS.items()},
+           greedy_head.KERNEL_NAME: ((0, 2), (1,))}
 _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
 
 
@@ -164,12 +166,10 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   kind = custom_call_class(ins)
   ops = [arrays(shapes.get(o, "")) for o in ins.operands]
   if kernel_name(ins) in MATMULS:
-    weights = MATMULS[kernel_name(ins)]
+    row_ops, weights = MATMULS[kernel_name(ins)]
     if len(ops) <= max(weights) or not ops[0]:
       return None
-    rows = ops[0][0][1][0]
-    if kernel_name(ins) == greedy_head.KERNEL_NAME and len(ops) == 4:  # mixed: two rows' logits
-      rows *= 2
+    rows = sum(ops[i][0][1][0] for i in row_ops if i < len(ops))
     return 2.0 * rows * sum(math.prod(ops[i][0][1]) for i in weights)
   if kind == "gemm":
     config = ins.attribute("backend_config") or ""

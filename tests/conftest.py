@@ -196,7 +196,10 @@ def background_result(request, tmp_path: Path):
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_background_jobs(request, tmp_path_factory):
-  keys = [k for k in map(_job_key, request.session.items) if k in _JOBS]
+  # A pytest-xdist worker collects every test but runs only those sent to it: it starts
+  # nothing early (its job runs when its test does, while the other worker goes on).
+  items = [] if os.environ.get("PYTEST_XDIST_WORKER") else request.session.items
+  keys = [k for k in map(_job_key, items) if k in _JOBS]
   pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="test-subprocess")
   for key in keys:
     _STARTED[key] = pool.submit(_JOBS[key], tmp_path_factory.mktemp("background"))

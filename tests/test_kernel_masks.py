@@ -24,8 +24,11 @@ def _qkv(b, t, s, seed=0, h=4, hkv=2, d=8):
           jax.random.normal(k3, (b, s, hkv, d)))
 
 
-def _value_and_grads(fn, q, k, v):
-  w = jax.random.normal(jax.random.key(9), q.shape)  # a cotangent: every output counts
+def _value_and_grads(fn, q, k, v, rows=None):
+  """sum(fn * w) and its gradients, for a random cotangent w on the query `rows` (all)."""
+  w = jax.random.normal(jax.random.key(9), q.shape)
+  if rows is not None:
+    w = w * rows[:, :, None, None]
   return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), (0, 1, 2)))(q, k, v)
 
 
@@ -52,6 +55,7 @@ MASKS = {
     "noise_aware": lambda: ms.noise_aware(
         jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
+    "tidar_prefill": lambda: ms.tidar_prefill(jnp.array([9, 5]), 9, 3),
     "lattice": lambda: ms.lattice(jnp.asarray(np.random.default_rng(0).random((2, 12)) < 0.4))[0],
     "deer": lambda: ms.deer(jnp.array([[masks.CLEAN] * 7 + [masks.MASKED] * 5] * 2),
                             jnp.array([[0] * 7 + [1] * 5] * 2),
@@ -59,26 +63,41 @@ MASKS = {
 }
 
 
+def _rows_read(mask, block):
+  """The query rows `[B, T]` whose outputs must be the dense mask's (None: all). A padding row
+  (output never read) is free where the kernel attends it as causal: a causal mask with
+  padding where the kernel takes no lengths, or a padded prefix of `causal_rows`."""
+  padded = "valid" in mask.queries
+  if padded and ((mask.rule is ms.causal_rule and block > 1) or mask.causal_rows):
+    return mask.queries["valid"]
+  return None
+
+
 @pytest.mark.parametrize("block", [1, 8], ids=["cudnn", "padded to blocks of 8"])
 @pytest.mark.parametrize("name", list(MASKS))
 def test_kernel_arguments_equal_the_dense_mask(name, block):
   """Every objective's mask as a kernel gets it (causal: `is_causal`, with key lengths where
   the kernel takes them; subcausal: `is_causal` and dense; others dense), lengths padded as
-  splash attention pads them."""
+  splash attention pads them. Where the kernel takes no lengths (splash), a causal mask with
+  padding is its causal mask alone: every real row's output and its gradients are the dense
+  mask's; the padding rows' outputs, which nothing reads, are not compared (nor those of a
+  padded prefix attended as causal rows: TiDAR's prefill)."""
   mask = MASKS[name]()
   q, k, v = _qkv(*mask.shape)
+  rows = _rows_read(mask, block)
   with jax.default_matmul_precision("highest"):
     want = _value_and_grads(lambda q, k, v: attention._dense(q, k, v, mask.dense(), None),
-                            q, k, v)
+                            q, k, v, rows)
     calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1)
-    causal = (mask.rule in (ms.causal_rule, ms.full_causal_rule)
-              and (block == 1 or mask.rule is ms.full_causal_rule)) or mask.rule in ms.SUBCAUSAL
+    causal = mask.rule in (ms.causal_rule, ms.full_causal_rule, *ms.SUBCAUSAL)
     assert [c[3] for c in calls] == ([True, False] if mask.causal_rows else [causal])
+    dense = rows is None and mask.rule is not ms.full_causal_rule
+    assert [bool(c[4]) for c in calls] == ([False, True] if mask.causal_rows else [dense])
 
     def kernels(q, k, v):
       return jnp.concatenate([_tokamax(q[:, r0:r1], k[:, :keys], v[:, :keys], causal, arrays,
                                        block) for r0, r1, keys, causal, arrays in calls], 1)
-    got = _value_and_grads(kernels, q, k, v)
+    got = _value_and_grads(kernels, q, k, v, rows)
   _assert_close(got, want)
 
 

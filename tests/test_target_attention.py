@@ -201,3 +201,19 @@ def test_gpu_decode_layers_are_five_kernels():
   assert calls("paraflax_argmax_matmul") >= 1
   text = _decode_text(target, devs, (1, 1, 1), pf.decoders.TiDAR(8), 64, d_model=128)
   assert calls("paraflax_qkv_matmul") == calls("paraflax_decode_attention") >= 2
+
+
+def test_tpu_decoding_compiles_at_batch_8_for_a_full_cache():
+  """Every decoder's prefill gives splash attention a structured mask (a prompt's causal rows
+  as its own causal mask). A dense prefill mask made the kernel derive its block layout from
+  the array, and at the 0.5B width, batch 8 and 2,048 cache slots (2 layers suffice) XLA:TPU
+  failed to compile that ("Reshape should have supported layout before reaching the
+  emitter") for every decoder."""
+  from paraflax.perf.compile import run as compile_run
+  _target("tpu-v5e")
+  plan = compile_run.CompilePlan(target="tpu-v5e", layers=2, objectives=(),
+                                 decoders=("ar", "tidar:4"), batches=(8,), new_tokens=16)
+  rows = []
+  assert compile_run.run(plan, rows.append, lambda _: None) == []
+  assert {(r["program"], r["decoder"]) for r in rows} == {
+      ("decode", "ar"), ("prefill", "ar"), ("decode", "tidar")}

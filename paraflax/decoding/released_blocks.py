@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.model.cache import commit, init_cache
 
 
@@ -54,6 +54,7 @@ def prefill_with_draws(fwd, prompts_BxP, prompt_lens_B, capacity: int, n: int, k
   at = prompt_lens_B[:, None] + jnp.arange(n)  # [B, n]: right after each prompt
   chunk = jnp.pad(prompts_BxP, ((0, 0), (0, n))).at[rows, at].set(draws)
   positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b, p + n))
-  logits, kv = fwd.at(chunk, positions, masks.causal(prompt_lens_B + n, p + n), at - 1)
+  logits, kv = fwd.at(chunk, positions, mask_structure.causal(prompt_lens_B + n, p + n),
+                      at - 1)
   cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
   return cache, logits

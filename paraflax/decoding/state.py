@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.model.cache import ChunkKV, KVCache, commit, init_cache
 from paraflax.model.config import ModelConfig
 from paraflax.parallel.sharding import axes, subtree
@@ -125,10 +125,11 @@ class GenerateOutput:
 
 def prefill(fwd: Forward, prompts_BxP, prompt_lens_B, capacity: int):
   """Run the right-padded prompts as one chunk; returns (cache, logits at each row's last
-  prompt token [B, V]). Prompt token i of a row lands in cache slot i at position i."""
+  prompt token [B, V]). Prompt token i of a row lands in cache slot i at position i. The mask
+  is the structured causal one: an attention kernel takes it as its own causal mask."""
   b, p = prompts_BxP.shape
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  logits, kv = fwd.at(prompts_BxP, positions, masks.causal(prompt_lens_B, p),
+  logits, kv = fwd.at(prompts_BxP, positions, mask_structure.causal(prompt_lens_B, p),
                       prompt_lens_B[:, None] - 1)
   cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
   return cache, logits[:, 0]

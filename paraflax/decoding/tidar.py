@@ -30,7 +30,7 @@ from flax import struct
 from paraflax import verify
 from paraflax.decoding import state as st
 from paraflax.decoding.protocol import Decoder
-from paraflax.model import masks
+from paraflax.model import mask_structure, masks
 from paraflax.model.cache import ChunkKV, commit, init_cache
 from paraflax.parallel.sharding import axes
 from paraflax.sampling import Greedy
@@ -115,7 +115,7 @@ class TiDAR(Decoder):
     # logits at each row's last prompt token, then at the mask block's k slots
     read = jnp.concatenate([prompt_lens[:, None] - 1, jnp.broadcast_to(p + jnp.arange(k),
                                                                        (b, k))], 1)
-    logits, kv = fwd.at(tokens, positions, masks.tidar_prefill(prompt_lens, p, k), read)
+    logits, kv = fwd.at(tokens, positions, mask_structure.tidar_prefill(prompt_lens, p, k), read)
     cache = commit(init_cache(fwd.cfg, b, capacity), kv, pos_prompt, prompt_lens)
     rng, s_first, s_draft = jax.random.split(rng, 3)
     target = self._mix(logits[:, 0], logits[:, 1])

@@ -184,13 +184,23 @@ def kernel_calls(mask, t: int, lengths: bool = True) -> list[tuple]:
 
 def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:
   """(is_causal, the mask's arrays) as a kernel takes them: a causal `Structured` as its
-  causal mask (with `key_value_seq_lengths` for rows with padding keys, where the kernel
-  takes `lengths`; splash attention does not), a `SUBCAUSAL` one (Jacobi Forcing's streams)
-  dense under the causal mask (the kernel skips the tiles above the diagonal), anything else
-  as the dense `mask`."""
+  causal mask (with `key_value_seq_lengths` for rows with padding, where the kernel takes
+  `lengths`), a `SUBCAUSAL` one (Jacobi Forcing's streams) dense under the causal mask (the
+  kernel skips the tiles above the diagonal), anything else as the dense `mask`.
+
+  Without `lengths` (splash attention) a causal mask with padding is the kernel's causal mask
+  alone. Its rows are right-padded (`causal`: a row's real tokens come first), so a real
+  query's keys are all real and its output is exact; a padding query also sees the padding
+  keys before it, and no real row reads a padding row (its keys come after every real query),
+  so only padding rows' outputs, which nothing reads (masked losses, cache slots past a
+  row's length), differ from the dense mask's. A dense mask there would make splash
+  attention derive its block layout from the array in every call (on TPU v5e at batch 8 that
+  derivation fails to compile: XLA:TPU "Reshape should have supported layout")."""
   if isinstance(mask, Structured) and mask.rule is mask_structure.full_causal_rule:
     return True, {}
-  if lengths and isinstance(mask, Structured) and mask.rule is mask_structure.causal_rule:
+  if isinstance(mask, Structured) and mask.rule is mask_structure.causal_rule:
+    if not lengths:
+      return True, {}
     return True, {"key_value_seq_lengths": mask.keys["valid"].sum(1, dtype=jnp.int32)}
   subcausal = isinstance(mask, Structured) and mask.rule in mask_structure.SUBCAUSAL
   return subcausal and mask.shape[1] == mask.shape[2], {"mask": dense_mask(mask)}

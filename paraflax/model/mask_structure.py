@@ -47,7 +47,8 @@ class Structured:
   keys: Fields  # each [B, K]
   rule: Rule = flax.struct.field(pytree_node=False)  # hashable: a function or frozen dataclass
   # the first `causal_rows` queries see exactly the keys up to their own index (TiDAR's clean
-  # half): a kernel attends them with its own causal mask (`attention.kernel_calls`)
+  # half; padding queries, whose outputs nothing reads, excepted): a kernel attends them with
+  # its own causal mask (`attention.kernel_calls`)
   causal_rows: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
@@ -247,7 +248,8 @@ def tidar_prefill(prompt_lens_B: jax.Array, p: int, k: int) -> Structured:
   kinds = jnp.broadcast_to(jnp.array([CLEAN] * p + [MASKED] * k), (b, p + k))
   blocks = jnp.broadcast_to(jnp.array([0] * p + [1] * k), (b, p + k))
   valid = jnp.concatenate([_index(b, p) < prompt_lens_B[:, None], jnp.ones((b, k), bool)], 1)
-  return tidar(kinds, blocks, valid)
+  # the right-padded prompt's real rows are causal over the prompt's keys (real, all of them)
+  return dataclasses.replace(tidar(kinds, blocks, valid), causal_rows=p)
 
 
 def tidar_decode(cache_lengths_B: jax.Array, slots: int, k: int) -> Structured:

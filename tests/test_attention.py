@@ -186,7 +186,9 @@ def test_auto_rule():
   assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "gpu_decode"
   assert r("auto", "gpu", bf16, max_len=4096, rows=64, cached=True) == "gpu_decode"
   assert r("auto", "gpu", bf16, max_len=4096, rows=128, cached=True) == "gpu_decode"  # TiDAR k=8
-  assert r("auto", "tpu", bf16, max_len=4096, rows=72, cached=True) == ("mosaic", "xla_chunked")
+  # ... and a TPU's up to 128 rows dense (splash would copy the cache in front of the chunk)
+  assert r("auto", "tpu", bf16, max_len=4096, rows=72, cached=True) == "xla"  # TiDAR k=8
+  assert r("auto", "tpu", bf16, max_len=4096, rows=129, cached=True) == ("mosaic", "xla_chunked")
   assert r("auto", "gpu", f32, max_len=4096, rows=1, cached=True) == "xla"
   assert r("auto", "tpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
   # named: steps over a cache take it (interpreted on the CPU); other calls resolve as "auto"

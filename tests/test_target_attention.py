@@ -100,13 +100,16 @@ def _decode_text(target, devs, mesh_shape, decoder, prompt_len: int,
 
 def test_auto_runs_splash_attention_for_every_length():
   """Splash attention's 128-blocks are padded (`attention._padded`), so "auto" picks it for
-  any length on a TPU (xla_chunked stays the fallback for shapes the kernel declines)."""
+  any length on a TPU (xla_chunked stays the fallback for shapes the kernel declines), but
+  for a step of up to 128 rows over a cache (the decode rule: dense, the cache read in
+  place)."""
   r, bf16 = attention.resolve, jnp.bfloat16
   for rows in (8, 64, 136, 256):  # padded prompts; a TiDAR prefill (128 + 8)
     assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows) == ("mosaic", "xla_chunked")
-  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=72, cached=True) == ("mosaic",
-                                                                           "xla_chunked")
-  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=64, cached=True) == "xla"  # decode rule
+  assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=136, cached=True) == ("mosaic",
+                                                                            "xla_chunked")
+  for rows in (64, 72, 80, 128):  # decode rule: TiDAR k=8's steps, the released MR loop's
+    assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows, cached=True) == "xla"
   assert r("mosaic", "tpu", bf16, rows=64) == "mosaic"  # an explicit value is taken as given
 
 
@@ -135,7 +138,7 @@ def test_tpu_prefill_compiles_for_every_prompt_length():
     return attention.attend(q, k, v, mask, attention="auto", cache_kv=(cache_k, cache_v),
                             max_len=MAX_LEN, backend="tpu")
 
-  for t, s in ((72, 1024), (128, 896)):  # a TiDAR k=8 step; 128 rows over 1024 keys
+  for t, s in ((136, 1024), (256, 896)):  # past the decode rule: 136 rows; 256 over 1152 keys
     qkv = [jax.ShapeDtypeStruct((2, t, h, 8), jnp.bfloat16, sharding=on_dev) for h in (4, 2, 2)]
     cache = [jax.ShapeDtypeStruct((2, s, 2, 8), jnp.bfloat16, sharding=on_dev)] * 2
     text = _compile(target, over_cache, *qkv, *cache)
@@ -150,7 +153,8 @@ def test_tpu_training_step_compiles_on_a_mesh(mesh_shape):
 
 def test_tpu_sharded_decoding_compiles():
   """An AR loop whose 128-token prefill runs the kernel (heads over "tensor"), and a TiDAR
-  loop of 64-token prompts and 72-row steps (the kernel too, its blocks padded)."""
+  loop whose 64-token prompt and first mask block (72 rows) run it too, its blocks padded
+  (its 72-row steps: the decode rule's dense path)."""
   target, devs = _target("tpu-v5e:2x2")
   text = _decode_text(target, devs, (1, 2, 2), pf.decoders.AR(), 128)
   assert KERNEL_CALLS["mosaic"] in text

@@ -64,6 +64,10 @@ DECODE_ROWS = 64  # a call over a cache with at most this many query rows runs d
 # ... or, on a GPU in 16-bit, the decode kernel up to this many: TiDAR k=8's 72 rows and the
 # released MR loop's 80 (a kernel that tiles its rows: no cache copy, no K/V repeat)
 GPU_DECODE_ROWS = 128
+# ... and on a TPU, dense xla up to this many: splash attention would copy the cache in front
+# of the chunk and derive its block layout from the dense mask in every layer (TiDAR k=8 at
+# batch 8: 3,948 kernels a target forward, performance.md section 12)
+TPU_DECODE_ROWS = 128
 DENSE_MAX_LEN = 1024  # on CPU / float32, models with max_seq_len up to this run dense xla
 KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
 CUDNN_BLOCK = 64  # cuDNN's backward declines lengths such as 257 ("vjp not implemented")
@@ -77,9 +81,9 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   model's `max_len`; query `rows` and whether there is a cache, for the decode rule).
 
   "auto", in order: (1) decode rule: a call over a cache with <= `GPU_DECODE_ROWS` query
-  rows runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer); elsewhere one
-  with <= `DECODE_ROWS` runs "xla" (reads the cache in place, memory linear in S for few
-  rows);
+  rows runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer); on a TPU one
+  with <= `TPU_DECODE_ROWS`, elsewhere one with <= `DECODE_ROWS`, runs "xla" (reads the
+  cache in place, memory linear in S for few rows);
   (2) on CPU or with float32 compute (float32 exactness, DESIGN invariant 1, needs a path
   that honours the matmul precision) "xla" for a model with max_seq_len <= `DENSE_MAX_LEN`,
   else "xla_chunked"; (3) with 16-bit compute, on GPU "cudnn" (cuDNN's fused flash
@@ -92,7 +96,7 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {attention!r}")
   gpu16 = backend == "gpu" and jnp.dtype(dtype) != jnp.float32
   decode = cached and rows <= (GPU_DECODE_ROWS if gpu16 or attention == "gpu_decode"
-                               else DECODE_ROWS)
+                               else TPU_DECODE_ROWS if backend == "tpu" else DECODE_ROWS)
   if attention == "gpu_decode" and not decode:
     attention = "auto"
   if attention != "auto":

@@ -20,6 +20,7 @@ import paraflax as pf
 from paraflax.model import attention
 from paraflax.model.run import RunControl
 from paraflax.parallel import sharding
+from paraflax.perf.compile import run as compile_run
 from paraflax.perf.compile import targets
 from paraflax.perf.shapes import model_config
 from paraflax.training.config.train import load_config
@@ -213,7 +214,6 @@ def test_tpu_decoding_compiles_at_batch_8_for_a_full_cache():
   the array, and at the 0.5B width, batch 8 and 2,048 cache slots (2 layers suffice) XLA:TPU
   failed to compile that ("Reshape should have supported layout before reaching the
   emitter") for every decoder."""
-  from paraflax.perf.compile import run as compile_run
   _target("tpu-v5e")
   plan = compile_run.CompilePlan(target="tpu-v5e", layers=2, objectives=(),
                                  decoders=("ar", "tidar:4"), batches=(8,), new_tokens=16)

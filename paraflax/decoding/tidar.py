@@ -15,10 +15,11 @@ accepted inputs) are the next drafts, sampled from their sampler-warped distribu
 when greedy), and that q is kept for the next step's verification. Only the j accepted causal
 inputs' keys/values are committed; mask slots never are.
 
-The prefill runs the prompt with one mask block after it (`masks.tidar_prefill`), so the first
-token and the first drafts come from the prefill forward (counted in `prefill_forwards`, as
-every decoder's prefill is) and every step has drafts. With beta = 1 the targets are the AR
-distributions: greedy output equals greedy AR, and the stochastic mode samples the AR joint.
+The prefill runs the prompt with one mask block after it (`mask_structure.tidar_prefill`), so
+the first token and the first drafts come from the prefill forward (counted in
+`prefill_forwards`, as every decoder's prefill is) and every step has drafts. With beta = 1
+the targets are the AR distributions: greedy output equals greedy AR, and the stochastic mode
+samples the AR joint.
 """
 
 from __future__ import annotations

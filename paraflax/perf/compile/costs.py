@@ -11,7 +11,8 @@ program does not look cheaper the more of its work moves into custom calls.
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
                          its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
-  every custom call      bytes: its operands plus its results
+  every custom call      bytes: its operands plus its results (on a TPU, those in HBM, and
+                         none for a call that only places buffers, `kernels.tpu_class`)
 
 A GEMM or attention call whose shapes these rules cannot read is counted in `uncosted`. A
 `while` body counts times its trip count (XLA's analysis counts one trip), a conditional its
@@ -21,6 +22,9 @@ Two charges of XLA's analysis are taken back (`overcharge`): a fused gather is c
 whole table (a decode step's embedding lookup of a few rows: the whole embedding, 0.27x a
 0.5B model's floor), and a fused in-place scatter its whole buffer twice (a cache commit:
 the whole cache); what they touch is the rows they gather or update.
+
+On a TPU, bytes are HBM's (`hbm`): XLA's analysis of the whole text also counts the traffic
+of on-chip memories, into which XLA:TPU copies weights ahead of their use.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import re
 from paraflax import hlo
 from paraflax.model.decode_attention import KERNEL_NAME
 from paraflax.model import decode_layer, greedy_head
+from paraflax.perf.compile.hbm import Hbm, in_hbm
+from paraflax.perf.compile import kernels
 from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
@@ -61,17 +67,19 @@ class Costs:
 
   def __init__(self, program: Program):
     self.program = program
+    self.hbm = Hbm(program) if program.platform == "tpu" else None
+    self._nbytes = in_hbm if self.hbm else nbytes
     self._xla: dict[str, collections.Counter] = {}
     self._total: dict[str, collections.Counter] = {}
 
   def xla(self, name: str) -> collections.Counter:
     """XLA's cost analysis of computation `name`: nested while bodies counted one trip; its
-    overcharged bytes taken back (`overcharge`)."""
+    overcharged bytes taken back (`overcharge`); on a TPU, the bytes in HBM (`hbm`)."""
     if name not in self._xla:
       full = hlo.cost_analysis(hlo.as_entry(self.program.text, name))
-      self._xla[name] = collections.Counter({
-          "bytes": full.get("bytes accessed", 0.0) - self.overcharge(name),
-          "flops": full.get("flops", 0.0)})
+      moved = (self.hbm.of(name) if self.hbm else
+               full.get("bytes accessed", 0.0) - self.overcharge(name))
+      self._xla[name] = collections.Counter({"bytes": moved, "flops": full.get("flops", 0.0)})
     return self._xla[name]
 
   def overcharge(self, name: str) -> float:
@@ -121,17 +129,17 @@ class Costs:
         inner = self.program.comps[ins.called[0]]
         call = next((i for i in reversed(inner) if i.op not in hlo.FREE), ins)
         shapes.update({i.name: i.shape for i in inner})
-      if call.op != "custom-call":
+      if call.op != "custom-call" or (self.hbm and kernels.tpu_class(call, "") == "layout"):
         continue
       flops = custom_call_flops(call, shapes)
       if flops is None:
         out["uncosted"] += 1
         flops = 0.0
-      sizes = [nbytes(shapes.get(o, "")) for o in call.operands]
+      sizes = [self._nbytes(shapes.get(o, "")) for o in call.operands]
       if custom_call_class(call) == f"attention:{KERNEL_NAME}":  # reads one layer of the cache
         for i in (4, 5):
           sizes[i] /= arrays(shapes[call.operands[i]])[0][1][0]
-      out["bytes"] += sum(sizes) + nbytes(call.shape)
+      out["bytes"] += sum(sizes) + self._nbytes(call.shape)
       out["flops"] += flops
     return out
 

@@ -17,8 +17,10 @@ The mix (`mix`), one class per kernel: `gemm` (a fusion with a dot or convolutio
 call), `attention:<kernel>` (an attention custom call, by its kernel's name), `reduction`,
 `elementwise`, `copy` (copies, slices, dynamic updates, moves with no arithmetic),
 `collective`, `custom:<target>` (another custom call), or the opcode of an unfused op; on a
-TPU unfused ops are the scalar core's work (loop counters, indices), `scalar`, and launch no
-kernel.
+TPU three classes launch no kernel: unfused ops, the scalar core's work (loop counters,
+indices), `scalar`; asynchronous copies and slices, DMAs between HBM and the on-chip memories
+that XLA:TPU issues ahead of a kernel's use, `dma`; custom calls that only place buffers
+(`ConcatBitcast`, `AllocateBuffer`), `layout`.
 `scopes` counts the kernels under each `jax.named_scope` asked for (their `op_name`
 metadata), e.g. a decode step's target and drafter forwards.
 """
@@ -40,6 +42,10 @@ MOVES = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitca
                    "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
                    "transpose", "broadcast", "reshape", "iota", "convert"})
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+# on a TPU: custom calls that only place buffers (a concatenation laid out in place, an
+# allocation, an annotation), and the classes that launch no kernel
+TPU_LAYOUT_CALLS = frozenset({"ConcatBitcast", "AllocateBuffer", "AssumeGatherIndicesInBound"})
+NOT_KERNELS = frozenset({"scalar", "dma", "layout"})
 
 
 @dataclasses.dataclass
@@ -91,9 +97,9 @@ class Program:
           out.add(self.count(c))
       else:
         kind = self.classify(ins)
-        if self.platform == "tpu" and kind == ins.op and ins.op != "copy":
-          kind = "scalar"  # an unfused op on a TPU: the scalar core's, no kernel
-        out.kernels += kind != "scalar"
+        if self.platform == "tpu":
+          kind = tpu_class(ins, kind)
+        out.kernels += kind not in NOT_KERNELS
         out.mix[kind] += 1
         out.syncs += "callback" in kind
         op_name = _OP_NAME.search(ins.rest)
@@ -135,6 +141,17 @@ class Program:
         if inner.op in ("fusion", "call"):
           ops |= self.fused_ops(inner)
     return ops
+
+
+def tpu_class(ins: hlo.Instruction, kind: str) -> str:
+  """A TPU's class for a kernel of mix class `kind`: an unfused op is the scalar core's
+  (`scalar`), an asynchronous copy or slice a DMA between memories (`dma`), a layout call
+  places buffers (`layout`); none of them launches a kernel."""
+  if ins.op in ("copy-start", "slice-start"):
+    return "dma"
+  if ins.op == "custom-call" and ins.attribute("custom_call_target") in TPU_LAYOUT_CALLS:
+    return "layout"
+  return "scalar" if kind == ins.op and ins.op != "copy" else kind
 
 
 def custom_call_class(ins: hlo.Instruction) -> str:

@@ -8,8 +8,9 @@ A training step is `perf train`'s recipe at the shape (compute `dtype`, float32 
 compiled `while` loop (its body and condition over its steps per iteration) for `batch` rows
 over a `cache_len`-slot cache (prompt `cache_len - new_tokens`), rows split over the chips;
 its prefill row is the rest of the same program (everything outside the loop). On a mesh,
-kernels, bytes, FLOPs, memory and the floor are one device's (the partitioned program). The run control is "auto" unless given, and
-resolves for the target's platform (`RunControl.platform`), never this host's.
+kernels, bytes, FLOPs, memory and the floor are one device's (the partitioned program); on a
+TPU, bytes are HBM's (`hbm`). The run control is "auto" unless given, and resolves for the
+target's platform (`RunControl.platform`), never this host's.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ kernel's causal mask, any other mask dense, and lengths padded to a kernel's blo
 and runs here: values and gradients equal the dense reference (float32, highest)."""
 
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,14 +50,28 @@ def _assert_close(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def _deer_stage2():
+  """Stage II rows of 10 clean tokens (right-padded to lengths 10, 7), two blocks each."""
+  from paraflax.training.objectives import deer
+  batch = {"tokens": jnp.arange(20).reshape(2, 10) % 7, "prompt_lens": jnp.array([3, 2]),
+           "lengths": jnp.array([10, 7])}
+  rows = deer.stage2_rows(batch, jnp.array([[4, 6], [3, 5]]), jnp.array([[2, 3], [1, 2]]), 3,
+                          mask_id=5, sep_id=6, alpha=1.01)
+  return dataclasses.replace(ms.deer(rows["kinds"], rows["blocks"], rows["valid"], False),
+                             causal_rows=10)
+
+
 MASKS = {
     "full causal": lambda: ms.full_causal(2, 12),
     "causal with padding": lambda: ms.causal(jnp.array([12, 7]), 12),
     "tidar_train": lambda: ms.tidar_train(6, jnp.array([2, 4])),
+    "tidar_train in windows": lambda: dataclasses.replace(
+        ms.tidar_train(10, jnp.array([2, 3])), windows=ms.tidar_windows(10, 3, rows=4)),
     "noise_aware": lambda: ms.noise_aware(
         jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
     "tidar_prefill": lambda: ms.tidar_prefill(jnp.array([9, 5]), 9, 3),
+    "deer_stage2": _deer_stage2,
     "lattice": lambda: ms.lattice(jnp.asarray(np.random.default_rng(0).random((2, 12)) < 0.4))[0],
     "deer": lambda: ms.deer(jnp.array([[masks.CLEAN] * 7 + [masks.MASKED] * 5] * 2),
                             jnp.array([[0] * 7 + [1] * 5] * 2),
@@ -90,13 +106,16 @@ def test_kernel_arguments_equal_the_dense_mask(name, block):
                             q, k, v, rows)
     calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1)
     causal = mask.rule in (ms.causal_rule, ms.full_causal_rule, *ms.SUBCAUSAL)
-    assert [c[3] for c in calls] == ([True, False] if mask.causal_rows else [causal])
+    rest = max(1, len(mask.windows))  # calls after the causal rows': dense, not causal
+    assert [c[3] for c in calls] == ([True] + [False] * rest if mask.causal_rows else [causal])
     dense = rows is None and mask.rule is not ms.full_causal_rule
-    assert [bool(c[4]) for c in calls] == ([False, True] if mask.causal_rows else [dense])
+    assert [bool(c[4]) for c in calls] == ([False] + [True] * rest if mask.causal_rows
+                                           else [dense])
 
     def kernels(q, k, v):
-      return jnp.concatenate([_tokamax(q[:, r0:r1], k[:, :keys], v[:, :keys], causal, arrays,
-                                       block) for r0, r1, keys, causal, arrays in calls], 1)
+      return jnp.concatenate([
+          _tokamax(q[:, r0:r1], attention.keys_of(k, keys), attention.keys_of(v, keys), causal,
+                   arrays, block) for r0, r1, keys, causal, arrays in calls], 1)
     got = _value_and_grads(kernels, q, k, v, rows)
   _assert_close(got, want)
 
@@ -112,15 +131,33 @@ def test_a_subcausal_mask_sees_no_later_key_and_always_its_own(mask):
   assert dense[:, np.arange(t), np.arange(t)].all()
 
 
-def test_tidar_trains_clean_half_sees_exactly_its_causal_keys():
-  """`causal_rows` is a claim about the mask: its rows are causal over as many keys, and see
-  no key after them (so the kernel may attend them apart, over those keys alone)."""
-  mask = ms.tidar_train(6, jnp.array([2, 4]))
-  dense = np.asarray(mask.dense())
-  r = mask.causal_rows
-  assert r == 6 and dense.shape == (2, 12, 12)
-  assert (dense[:, :r, :r] == np.tril(np.ones((r, r), bool))).all()
-  assert not dense[:, :r, r:].any()
+def test_tidar_windows_hold_every_key_their_slots_see():
+  """`windows` is a claim about the mask: no query of a window sees a key outside its
+  segments, whatever the rows' block sizes up to `max_block`."""
+  for length, sizes, rows in [(10, [2, 3], 4), (64, [4, 8], 16), (64, [8, 8], 64), (30, [1, 5], 7)]:
+    mask = ms.tidar_train(length, jnp.array(sizes), max_block=max(sizes))
+    mask = dataclasses.replace(mask, windows=ms.tidar_windows(length, max(sizes), rows))
+    dense = np.asarray(mask.dense())
+    assert mask.windows[0][0] == length and mask.windows[-1][1] == 2 * length
+    for r0, r1, segments in mask.windows:
+      inside = np.zeros(2 * length, bool)
+      for k0, k1 in segments:
+        inside[k0:k1] = True
+      assert not dense[:, r0:r1, ~inside].any(), (length, sizes, r0)
+      assert inside.sum() < 2 * length or r1 - r0 == length  # a window drops keys
+
+
+@pytest.mark.parametrize("name", ["tidar_train", "deer_stage2", "tidar_prefill"])
+def test_causal_rows_see_exactly_their_causal_keys(name):
+  """`causal_rows` is a claim about the mask: its real rows are causal over as many keys, and
+  see no key after them (so the kernel may attend them apart, over those keys alone)."""
+  mask = MASKS[name]()
+  dense, r = np.asarray(mask.dense()), mask.causal_rows
+  real = np.asarray(mask.queries.get("valid", np.ones(dense.shape[:2], bool)))[:, :r]
+  assert 0 < r < dense.shape[1]
+  causal = np.tril(np.ones((r, r), bool))
+  assert ((dense[:, :r, :r] == causal) | ~real[:, :, None]).all()
+  assert not (dense[:, :r, r:] & real[:, :, None]).any()
   assert (np.asarray(mask.rows(r).dense()) == dense[:, r:]).all()
 
 

@@ -154,7 +154,7 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
   mesh = sharding.context_mesh() if kernel else None
   outs = []
   for r0, r1, keys, causal, arrays in calls:
-    q, k, v = q_BxTxHxD[:, r0:r1], k_BxSxKxD[:, :keys], v_BxSxKxD[:, :keys]
+    q, k, v = q_BxTxHxD[:, r0:r1], keys_of(k_BxSxKxD, keys), keys_of(v_BxSxKxD, keys)
     if "mask" in arrays:
       arrays = {**arrays, "mask": jnp.broadcast_to(arrays["mask"], (*q.shape[:2], k.shape[1]))}
 
@@ -175,15 +175,31 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
 
 def kernel_calls(mask, t: int, lengths: bool = True) -> list[tuple]:
   """The kernel calls that attend `t` query rows under `mask`, each (first row, end row, keys
-  (None: all), is_causal, the mask's arrays). A `Structured` mask whose first `causal_rows`
-  queries see exactly the keys up to their own index (TiDAR's clean half) takes two calls:
-  those rows over their own keys with the kernel's causal mask, which skips the tiles above
-  the diagonal, and the other rows with the rest of the mask dense. Any other mask takes one
-  (`kernel_mask`)."""
+  (None: all; else the key segments ((k0, k1), ...) it attends, `keys_of`), is_causal, the
+  mask's arrays). A `Structured` mask whose first `causal_rows` queries see exactly the keys
+  up to their own index (TiDAR's clean half) takes a call for those rows over their own keys
+  with the kernel's causal mask, which skips the tiles above the diagonal, then the other rows
+  with the rest of the mask dense: in one call, or one per window over the window's keys
+  (`Structured.windows`: TiDAR's mask half). Any other mask takes one (`kernel_mask`)."""
   r = getattr(mask, "causal_rows", 0)
-  if 0 < r < t:
-    return [(0, r, r, True, {}), (r, t, None, False, {"mask": mask.rows(r).dense()})]
-  return [(0, t, None, *kernel_mask(mask, lengths))]
+  if not 0 < r < t:
+    return [(0, t, None, *kernel_mask(mask, lengths))]
+  windows = mask.windows or ((r, t, None),)
+  if windows[0][0] != r or windows[-1][1] != t or any(
+      a[1] != b[0] for a, b in zip(windows, windows[1:])):
+    raise ValueError(f"windows {[w[:2] for w in windows]} do not tile rows {r}..{t}")
+  return [(0, r, ((0, r),), True, {})] + [
+      (r0, r1, keys, False,
+       {"mask": (mask.rows(r0) if keys is None else mask.window(r0, r1, keys)).dense()})
+      for r0, r1, keys in windows]
+
+
+def keys_of(kv_BxSxKxD, segments: tuple | None):
+  """The keys (or values) of a call's key `segments` ((k0, k1), ...), in order; all: None."""
+  if segments is None:
+    return kv_BxSxKxD
+  parts = [kv_BxSxKxD[:, k0:k1] for k0, k1 in segments]
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, 1)
 
 
 def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:

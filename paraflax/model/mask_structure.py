@@ -50,6 +50,10 @@ class Structured:
   # half; padding queries, whose outputs nothing reads, excepted): a kernel attends them with
   # its own causal mask (`attention.kernel_calls`)
   causal_rows: int = flax.struct.field(pytree_node=False, default=0)
+  # after them, the other queries in windows: queries [r0, r1) see no key outside the key
+  # segments ((k0, k1), ...), so a kernel attends each window over those keys alone (TiDAR's
+  # mask half: a block sees the clean keys before it and its own mask keys)
+  windows: tuple = flax.struct.field(pytree_node=False, default=())
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -59,6 +63,12 @@ class Structured:
   def rows(self, start: int) -> Structured:
     """The mask of queries `start:` (over every key)."""
     return Structured({n: a[:, start:] for n, a in self.queries.items()}, self.keys, self.rule)
+
+  def window(self, r0: int, r1: int, segments: tuple) -> Structured:
+    """The mask of queries `r0:r1` over the keys of `segments` ((k0, k1), ...), in order."""
+    return Structured({n: a[:, r0:r1] for n, a in self.queries.items()},
+                      {n: jnp.concatenate([a[:, k0:k1] for k0, k1 in segments], 1)
+                       for n, a in self.keys.items()}, self.rule)
 
   def dense(self) -> jax.Array:
     """The bool mask `[B, T, K]`."""
@@ -235,12 +245,33 @@ def tidar(kinds_BxT: jax.Array, blocks_BxT: jax.Array, valid_BxT: jax.Array | No
   return Structured(fields, fields, rule)
 
 
-def tidar_train(length: int, block_sizes_B: jax.Array) -> Structured:
+def tidar_train(length: int, block_sizes_B: jax.Array, max_block: int | None = None) -> Structured:
+  """With `max_block` (no row's block is larger) the mask half comes in windows of
+  `WINDOW_ROWS` slots: slots [g0, g1) see clean keys before g1 and mask keys within
+  `max_block - 1` of them (`tidar_windows`)."""
   b = block_sizes_B.shape[0]
   ids = jnp.arange(length)[None, :] // block_sizes_B[:, None]
   kinds = jnp.concatenate([jnp.full((b, length), CLEAN), jnp.full((b, length), MASKED)], 1)
   mask = tidar(kinds, jnp.concatenate([ids, ids], 1))
-  return dataclasses.replace(mask, causal_rows=length)  # the clean half: causal, no mask keys
+  windows = () if max_block is None else tidar_windows(length, max_block)
+  # the clean half: causal, no mask keys
+  return dataclasses.replace(mask, causal_rows=length, windows=windows)
+
+
+WINDOW_ROWS = 512  # query rows of a window (`Structured.windows`)
+
+
+def tidar_windows(length: int, max_block: int, rows: int = WINDOW_ROWS) -> tuple:
+  """TiDAR's mask half `[length, 2 length)` in windows of `rows` slots. Slot i of a
+  block of s <= `max_block` slots sees the clean keys before its block (before i + 1) and its
+  block's mask keys (within s - 1 of i), so slots [g0, g1) see clean keys [0, g1) and mask keys
+  [g0 - max_block + 1, g1 + max_block - 1): a window attends ~g1 + 512 keys, not 2 length."""
+  n, out = length, []
+  for g0 in range(0, n, rows):
+    g1 = min(n, g0 + rows)
+    out.append((n + g0, n + g1, ((0, g1), (n + max(0, g0 - max_block + 1),
+                                           n + min(n, g1 + max_block - 1)))))
+  return tuple(out)
 
 
 def tidar_prefill(prompt_lens_B: jax.Array, p: int, k: int) -> Structured:

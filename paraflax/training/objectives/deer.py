@@ -41,6 +41,7 @@ import numpy as np
 
 from paraflax.data.source import TrainData, register_source
 from paraflax.decoding import deer_layout
+from paraflax.model import mask_structure
 from paraflax.model.masks import CLEAN, MASKED
 from paraflax.training.objectives.head_loss import token_nll
 from paraflax.training.objectives.means import Loss, Mean
@@ -90,10 +91,17 @@ def bidirectional(model) -> bool:
   return model.cfg.drafter_prefix == "bidirectional"
 
 
-def forward(model, rows, hidden: bool = False) -> jax.Array:
-  """Logits `[B, W+1, V]` of built rows under the drafter mask, or with `hidden` their final
-  hidden states `[B, W+1, D]` (what `block_loss` takes: it computes the head in chunks)."""
-  mask = deer_layout.mask(rows["kinds"], rows["blocks"], rows["valid"], bidirectional(model))
+def forward(model, rows, hidden: bool = False, clean_rows: int = 0) -> jax.Array:
+  """Logits `[B, T, V]` of built rows under the drafter mask, or with `hidden` their final
+  hidden states `[B, T, D]` (what `block_loss` takes: it computes the head in chunks). With
+  `clean_rows` the first rows are clean tokens, right-padded, that see no block (Stage II's):
+  for a causal prefix they are causal over themselves, passed as `causal_rows` of the
+  structured mask so a kernel attends them with its causal mask."""
+  if clean_rows and not bidirectional(model):
+    mask = dataclasses.replace(mask_structure.deer(rows["kinds"], rows["blocks"], rows["valid"],
+                                                   False), causal_rows=clean_rows)
+  else:
+    mask = deer_layout.mask(rows["kinds"], rows["blocks"], rows["valid"], bidirectional(model))
   return model(rows["tokens"], rows["positions"], mask, hidden=hidden)[0]
 
 
@@ -227,7 +235,8 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
                      f"{blocks}")
   prefix, r = stage2_draws(rng, batch["prompt_lens"], batch["lengths"], max_masked, blocks)
   rows = stage2_rows(batch, prefix, r, max_masked, mask_id, sep_id, alpha, bidirectional(model))
-  return block_loss(model, forward(model, rows, hidden=True), rows, rows["weights"], rows["masked"])
+  hidden = forward(model, rows, hidden=True, clean_rows=batch["tokens"].shape[1])
+  return block_loss(model, hidden, rows, rows["weights"], rows["masked"])
 
 
 # ---- supervision ----

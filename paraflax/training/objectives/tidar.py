@@ -56,7 +56,8 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
   tokens_BxL = batch["tokens"]
   b, l = tokens_BxL.shape
   tokens, positions = doubled(tokens_BxL, mask_id)
-  mask = mask_structure.tidar_train(l, block_sizes_for(rng, b, block_size))
+  largest = max(block_size) if isinstance(block_size, Sequence) else block_size
+  mask = mask_structure.tidar_train(l, block_sizes_for(rng, b, block_size), max_block=largest)
   hidden_Bx2LxD, _ = model(tokens, positions, mask, hidden=True)
   # one pass over the row: clean position i predicts x_{i+1} (the last one nothing), mask
   # slot i predicts x_i

@@ -61,6 +61,12 @@ def _deer_stage2():
                              causal_rows=10)
 
 
+def _sorted_lattice():
+  """Two streams of rows sorted prompt first (prompts of 4 and 2 tokens of 12)."""
+  visible = jnp.arange(12)[None] < jnp.array([[4], [2]])
+  return ms.two_stream(*ms.lattice(visible, sorted_rows=True))
+
+
 MASKS = {
     "full causal": lambda: ms.full_causal(2, 12),
     "causal with padding": lambda: ms.causal(jnp.array([12, 7]), 12),
@@ -72,6 +78,7 @@ MASKS = {
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
     "tidar_prefill": lambda: ms.tidar_prefill(jnp.array([9, 5]), 9, 3),
     "deer_stage2": _deer_stage2,
+    "two streams sorted": _sorted_lattice,
     "lattice": lambda: ms.lattice(jnp.asarray(np.random.default_rng(0).random((2, 12)) < 0.4))[0],
     "deer": lambda: ms.deer(jnp.array([[masks.CLEAN] * 7 + [masks.MASKED] * 5] * 2),
                             jnp.array([[0] * 7 + [1] * 5] * 2),
@@ -80,16 +87,19 @@ MASKS = {
 
 
 def _rows_read(mask, block):
-  """The query rows `[B, T]` whose outputs must be the dense mask's (None: all). A padding row
-  (output never read) is free where the kernel attends it as causal: a causal mask with
-  padding where the kernel takes no lengths, or a padded prefix of `causal_rows`."""
+  """The query rows `[B, T]` whose outputs must be the dense mask's (None: all). A row whose
+  output is never read is free where the kernel attends it as causal: a padding row of a
+  causal mask where the kernel takes no lengths, or of a padded prefix of `causal_rows`; a
+  prompt token's query in a `subcausal` query stream."""
   padded = "valid" in mask.queries
+  if any(w[3] for w in mask.windows):  # a subcausal query stream: its prompt rows are unread
+    return (mask.queries["stream"] == 0) | ~mask.queries["visible"]
   if padded and ((mask.rule is ms.causal_rule and block > 1) or mask.causal_rows):
     return mask.queries["valid"]
   return None
 
 
-@pytest.mark.parametrize("block", [1, 8], ids=["cudnn", "padded to blocks of 8"])
+@pytest.mark.parametrize("block", [1, 8], ids=["cudnn", "splash: padded to blocks of 8"])
 @pytest.mark.parametrize("name", list(MASKS))
 def test_kernel_arguments_equal_the_dense_mask(name, block):
   """Every objective's mask as a kernel gets it (causal: `is_causal`, with key lengths where
@@ -97,20 +107,28 @@ def test_kernel_arguments_equal_the_dense_mask(name, block):
   splash attention pads them. Where the kernel takes no lengths (splash), a causal mask with
   padding is its causal mask alone: every real row's output and its gradients are the dense
   mask's; the padding rows' outputs, which nothing reads, are not compared (nor those of a
-  padded prefix attended as causal rows: TiDAR's prefill)."""
+  padded prefix attended as causal rows: TiDAR's prefill, nor a subcausal query stream's
+  prompt rows). Windows (TiDAR's mask half, two streams) are a call each for cuDNN; splash
+  takes the rows after the causal ones in one call."""
   mask = MASKS[name]()
   q, k, v = _qkv(*mask.shape)
   rows = _rows_read(mask, block)
   with jax.default_matmul_precision("highest"):
     want = _value_and_grads(lambda q, k, v: attention._dense(q, k, v, mask.dense(), None),
                             q, k, v, rows)
-    calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1)
+    calls = attention.kernel_calls(mask, q.shape[1], lengths=block == 1, windows=block == 1)
     causal = mask.rule in (ms.causal_rule, ms.full_causal_rule, *ms.SUBCAUSAL)
-    rest = max(1, len(mask.windows))  # calls after the causal rows': dense, not causal
-    assert [c[3] for c in calls] == ([True] + [False] * rest if mask.causal_rows else [causal])
-    dense = rows is None and mask.rule is not ms.full_causal_rule
-    assert [bool(c[4]) for c in calls] == ([False] + [True] * rest if mask.causal_rows
-                                           else [dense])
+    windows = mask.windows if block == 1 else ()  # splash: the rest in one call
+    if mask.causal_rows or windows:  # the causal rows', then every window's, dense
+      windows = windows or [(0, 0, None, False)]
+      assert [c[3] for c in calls] == [True] * bool(mask.causal_rows) + [w[3] for w in windows]
+      assert [bool(c[4]) for c in calls] == [False] * bool(mask.causal_rows) + [True] * len(
+          windows)
+    else:
+      assert [c[3] for c in calls] == [causal]
+      arrays = not (mask.rule is ms.full_causal_rule or (mask.rule is ms.causal_rule
+                                                          and block > 1))  # mask or lengths
+      assert [bool(c[4]) for c in calls] == [arrays]
 
     def kernels(q, k, v):
       return jnp.concatenate([
@@ -139,12 +157,28 @@ def test_tidar_windows_hold_every_key_their_slots_see():
     mask = dataclasses.replace(mask, windows=ms.tidar_windows(length, max(sizes), rows))
     dense = np.asarray(mask.dense())
     assert mask.windows[0][0] == length and mask.windows[-1][1] == 2 * length
-    for r0, r1, segments in mask.windows:
+    for r0, r1, segments, causal in mask.windows:
+      assert not causal
       inside = np.zeros(2 * length, bool)
       for k0, k1 in segments:
         inside[k0:k1] = True
       assert not dense[:, r0:r1, ~inside].any(), (length, sizes, r0)
       assert inside.sum() < 2 * length or r1 - r0 == length  # a window drops keys
+
+
+def test_a_sorted_query_stream_reads_no_later_key():
+  """`subcausal` is a claim about the mask: every target's query (the rows read) sees no key
+  after its own index and at least one key, and a two-stream mask is both streams' rows."""
+  visible = jnp.asarray(np.random.default_rng(1).random((3, 16)) < 0.3).at[:, 0].set(True)
+  visible = jnp.sort(visible, axis=1)[:, ::-1]  # each row's prompt first
+  content, query = ms.lattice(visible, sorted_rows=True)
+  assert query.subcausal and not content.subcausal
+  dense = np.asarray(query.dense())
+  targets = ~np.asarray(visible)
+  assert not (np.triu(np.ones((16, 16), bool), 1)[None] & dense & targets[:, :, None]).any()
+  assert dense[targets].any(-1).all()
+  both = np.asarray(ms.two_stream(content, query).dense())
+  assert (both == np.concatenate([np.asarray(content.dense()), dense], 1)).all()
 
 
 @pytest.mark.parametrize("name", ["tidar_train", "deer_stage2", "tidar_prefill"])
@@ -158,7 +192,7 @@ def test_causal_rows_see_exactly_their_causal_keys(name):
   causal = np.tril(np.ones((r, r), bool))
   assert ((dense[:, :r, :r] == causal) | ~real[:, :, None]).all()
   assert not (dense[:, :r, r:] & real[:, :, None]).any()
-  assert (np.asarray(mask.rows(r).dense()) == dense[:, r:]).all()
+  assert (np.asarray(mask.window(r, dense.shape[1], None).dense()) == dense[:, r:]).all()
 
 
 def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():

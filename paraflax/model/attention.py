@@ -142,7 +142,8 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     k = jnp.concatenate([cache_kv[0].astype(dt), k], axis=1)
     v = jnp.concatenate([cache_kv[1].astype(dt), v], axis=1)
   if kernel:
-    calls = kernel_calls(mask_BxTxS, t, lengths="mosaic" not in kernel)
+    splash = "mosaic" in kernel
+    calls = kernel_calls(mask_BxTxS, t, lengths=not splash, windows=not splash)
   else:  # xla_chunked
     calls = [(0, t, None, False, {"mask": dense_mask(mask_BxTxS)})]
   return _kernel(q_BxTxHxD, k, v, impl, kernel, calls)
@@ -173,25 +174,29 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, 1)
 
 
-def kernel_calls(mask, t: int, lengths: bool = True) -> list[tuple]:
+def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> list[tuple]:
   """The kernel calls that attend `t` query rows under `mask`, each (first row, end row, keys
   (None: all; else the key segments ((k0, k1), ...) it attends, `keys_of`), is_causal, the
   mask's arrays). A `Structured` mask whose first `causal_rows` queries see exactly the keys
   up to their own index (TiDAR's clean half) takes a call for those rows over their own keys
   with the kernel's causal mask, which skips the tiles above the diagonal, then the other rows
   with the rest of the mask dense: in one call, or one per window over the window's keys
-  (`Structured.windows`: TiDAR's mask half). Any other mask takes one (`kernel_mask`)."""
+  (`Structured.windows`: TiDAR's mask half; a two-stream call's streams,
+  `mask_structure.two_stream`, the query rows' under the causal mask where `subcausal`),
+  unless `windows` is False: a kernel that skips a dense mask's empty tiles itself (splash
+  attention) gains nothing from them, and each call of it derives its own tile layout. Any
+  other mask takes one (`kernel_mask`)."""
   r = getattr(mask, "causal_rows", 0)
-  if not 0 < r < t:
+  windows = getattr(mask, "windows", ()) if windows else ()
+  if not (0 < r < t or windows):
     return [(0, t, None, *kernel_mask(mask, lengths))]
-  windows = mask.windows or ((r, t, None),)
+  windows = windows or ((r, t, None, False),)
   if windows[0][0] != r or windows[-1][1] != t or any(
       a[1] != b[0] for a, b in zip(windows, windows[1:])):
     raise ValueError(f"windows {[w[:2] for w in windows]} do not tile rows {r}..{t}")
-  return [(0, r, ((0, r),), True, {})] + [
-      (r0, r1, keys, False,
-       {"mask": (mask.rows(r0) if keys is None else mask.window(r0, r1, keys)).dense()})
-      for r0, r1, keys in windows]
+  head = [(0, r, ((0, r),), True, {})] if r else []
+  return head + [(r0, r1, keys, causal, {"mask": mask.window(r0, r1, keys).dense()})
+                 for r0, r1, keys, causal in windows]
 
 
 def keys_of(kv_BxSxKxD, segments: tuple | None):
@@ -222,7 +227,8 @@ def kernel_mask(mask, lengths: bool = True) -> tuple[bool, dict]:
     if not lengths:
       return True, {}
     return True, {"key_value_seq_lengths": mask.keys["valid"].sum(1, dtype=jnp.int32)}
-  subcausal = isinstance(mask, Structured) and mask.rule in mask_structure.SUBCAUSAL
+  subcausal = isinstance(mask, Structured) and (mask.subcausal
+                                                or mask.rule in mask_structure.SUBCAUSAL)
   return subcausal and mask.shape[1] == mask.shape[2], {"mask": dense_mask(mask)}
 
 

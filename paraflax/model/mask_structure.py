@@ -50,25 +50,27 @@ class Structured:
   # half; padding queries, whose outputs nothing reads, excepted): a kernel attends them with
   # its own causal mask (`attention.kernel_calls`)
   causal_rows: int = flax.struct.field(pytree_node=False, default=0)
-  # after them, the other queries in windows: queries [r0, r1) see no key outside the key
-  # segments ((k0, k1), ...), so a kernel attends each window over those keys alone (TiDAR's
-  # mask half: a block sees the clean keys before it and its own mask keys)
+  # after them, the other queries in windows (r0, r1, segments, causal): queries [r0, r1) see
+  # no key outside the key segments ((k0, k1), ...; None: all), so a kernel attends each
+  # window over those keys alone (TiDAR's mask half: a block sees the clean keys before it and
+  # its own mask keys), with its causal mask on top where `causal` (`subcausal` below)
   windows: tuple = flax.struct.field(pytree_node=False, default=())
+  # no query whose output is read sees a key after its own index, and none is left without a
+  # key under a causal mask: a kernel may add its causal mask (AS-ARM's query stream over rows
+  # sorted prompt first; `SUBCAUSAL` rules claim it of every row)
+  subcausal: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def shape(self) -> tuple[int, int, int]:
     b, t = self.queries["i"].shape
     return b, t, self.keys["i"].shape[1]
 
-  def rows(self, start: int) -> Structured:
-    """The mask of queries `start:` (over every key)."""
-    return Structured({n: a[:, start:] for n, a in self.queries.items()}, self.keys, self.rule)
-
-  def window(self, r0: int, r1: int, segments: tuple) -> Structured:
-    """The mask of queries `r0:r1` over the keys of `segments` ((k0, k1), ...), in order."""
-    return Structured({n: a[:, r0:r1] for n, a in self.queries.items()},
-                      {n: jnp.concatenate([a[:, k0:k1] for k0, k1 in segments], 1)
-                       for n, a in self.keys.items()}, self.rule)
+  def window(self, r0: int, r1: int, segments: tuple | None) -> Structured:
+    """The mask of queries `r0:r1` over the keys of `segments` ((k0, k1), ...; None: all), in
+    order."""
+    keys = self.keys if segments is None else {
+        n: jnp.concatenate([a[:, k0:k1] for k0, k1 in segments], 1) for n, a in self.keys.items()}
+    return Structured({n: a[:, r0:r1] for n, a in self.queries.items()}, keys, self.rule)
 
   def dense(self) -> jax.Array:
     """The bool mask `[B, T, K]`."""
@@ -270,7 +272,7 @@ def tidar_windows(length: int, max_block: int, rows: int = WINDOW_ROWS) -> tuple
   for g0 in range(0, n, rows):
     g1 = min(n, g0 + rows)
     out.append((n + g0, n + g1, ((0, g1), (n + max(0, g0 - max_block + 1),
-                                           n + min(n, g1 + max_block - 1)))))
+                                           n + min(n, g1 + max_block - 1))), False))
   return tuple(out)
 
 
@@ -298,9 +300,36 @@ def deer(kinds_BxT, blocks_BxT, valid_BxT, bidirectional: bool) -> Structured:
                deer_bidirectional_rule if bidirectional else tidar_rule)
 
 
-def lattice(visible_BxN: jax.Array, valid_BxN: jax.Array | None = None):
-  """(content, query) `Structured` of `masks.lattice`."""
+def lattice(visible_BxN: jax.Array, valid_BxN: jax.Array | None = None,
+            sorted_rows: bool = False):
+  """(content, query) `Structured` of `masks.lattice`. With `sorted_rows` (each row's prompt
+  first, then its targets in generation order) a target's query sees the prompt and the
+  targets before it, all before its own index, so the query mask is `subcausal` (a prompt
+  token's query, which nothing reads, sees the whole prompt)."""
   valid = jnp.ones(visible_BxN.shape, bool) if valid_BxN is None else valid_BxN
   fields = _fields(visible=visible_BxN, valid=valid)
   return (Structured(fields, fields, lattice_content_rule),
-          Structured(fields, fields, lattice_query_rule))
+          Structured(fields, fields, lattice_query_rule, subcausal=sorted_rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class Streams:
+  """The rule of two streams' rows stacked (field `stream`: 0 the first's, 1 the second's)."""
+  first: Rule
+  second: Rule
+
+  def __call__(self, q, k):
+    return jnp.where(q["stream"] == 0, self.first(q, k), self.second(q, k))
+
+
+def two_stream(content: Structured, query: Structured) -> Structured:
+  """The content rows then the query rows of a two-stream call, over the content keys, as
+  one mask: a window each (the query rows' with the kernel's causal mask where `subcausal`)."""
+  t, q = content.shape[1], query.shape[1]
+  stream = lambda s, n, b: jnp.full((b, n), s, jnp.int32)
+  b = content.shape[0]
+  queries = {n: jnp.concatenate([content.queries[n], query.queries[n]], 1)
+             for n in content.queries}
+  queries["stream"] = jnp.concatenate([stream(0, t, b), stream(1, q, b)], 1)
+  return Structured(queries, content.keys, Streams(content.rule, query.rule),
+                    windows=((0, t, None, False), (t, t + q, None, query.subcausal)))

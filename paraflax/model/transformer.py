@@ -41,7 +41,7 @@ from paraflax.model import decode_layer, greedy_head
 from paraflax.model.attention import attend, dense_mask
 from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
-from paraflax.model.mask_structure import Structured
+from paraflax.model.mask_structure import Structured, two_stream
 from paraflax.model.run import REMAT_POLICIES, RunControl
 from paraflax.parallel import sharding
 
@@ -318,13 +318,17 @@ class Transformer(nnx.Module):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""
     if not self.cfg.two_stream:
       raise ValueError("queries= needs a two-stream model (ModelConfig.two_stream=True)")
-    if isinstance(mask, Structured) or isinstance(queries.mask, Structured):
-      raise ValueError("two-stream calls take dense masks (masks.lattice), not structured ones")
+    structured = isinstance(mask, Structured), isinstance(queries.mask, Structured)
+    if structured[0] != structured[1] or (any(structured) and s):
+      raise ValueError("a two-stream call takes two dense masks (masks.lattice), or two "
+                       "structured ones (mask_structure.lattice) without a cache")
     b, t, d = x_BxTxD.shape
     q = queries.positions.shape[1] if queries.positions.ndim == 2 else -1
-    if queries.positions.shape != (b, q) or queries.mask.shape != (b, q, s + t):
+    if queries.positions.shape != (b, q) or tuple(queries.mask.shape) != (b, q, s + t):
       raise ValueError(f"queries need positions [B, Q] and mask [B, Q, S+T] = {(b, q, s + t)}, "
                        f"got {tuple(queries.positions.shape)} and {tuple(queries.mask.shape)}")
     g = jnp.broadcast_to(self.query_embed[...].astype(x_BxTxD.dtype), (b, q, d))
-    return (jnp.concatenate([x_BxTxD, g], 1), jnp.concatenate([positions_BxT, queries.positions], 1),
-            jnp.concatenate([mask, queries.mask], 1))
+    both = (two_stream(mask, queries.mask) if structured[0]
+            else jnp.concatenate([mask, queries.mask], 1))
+    return (jnp.concatenate([x_BxTxD, g], 1),
+            jnp.concatenate([positions_BxT, queries.positions], 1), both)

@@ -7,6 +7,11 @@ each other bidirectionally) and makes the rest targets, generated in ascending p
 and its query stream predicts each target from the prompt and the targets before it; the loss
 is the query stream's cross entropy at the targets (mean over targets).
 
+A row is attended sorted, prompt first and then the targets in order (the positions travel
+with their tokens, so the loss is the same): a target's query then sees no key after its own
+index, and reaches an attention kernel under its causal mask
+(`mask_structure.lattice(sorted_rows=True)`).
+
 The masking rate r = 1 - m/N is drawn per row with a low-discrepancy sampler (Sahoo et al.):
 r_b = lo + (hi - lo) * ((u + b) / B mod 1) with one u ~ U(0, 1) per batch, so a batch covers
 [lo, hi] evenly. [lo, hi] follows the curriculum of the paper's appendix: it starts at
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from paraflax.model import masks
+from paraflax.model import mask_structure
 from paraflax.model.transformer import Queries
 from paraflax.training.objectives.head_loss import token_nll
 from paraflax.training.objectives.means import Loss, Mean
@@ -69,12 +74,17 @@ def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
   k_rate, k_pick = jax.random.split(rng)
   rates = low_discrepancy_rates(k_rate, b, lo, hi)
   visible = lattice_visible(k_pick, rates, n)
-  content, query = masks.lattice(visible)
-  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-  hidden_BxNxD, _ = model(tokens, pos, content, queries=Queries(pos, query), hidden=True)
-  nll, hit = token_nll(model, hidden_BxNxD, tokens)
   counts = ~visible
   if "loss_mask" in batch:
     counts &= batch["loss_mask"].astype(bool)
+  # each row sorted prompt first, then its targets in order (positions travel with their
+  # tokens): the same loss, and a target's query sees no key after its own index
+  order = jnp.argsort(~visible, axis=1, stable=True)  # [B, N]
+  take = lambda x: jnp.take_along_axis(x, order, 1)
+  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  tokens, pos, visible, counts = take(tokens), take(pos), take(visible), take(counts)
+  content, query = mask_structure.lattice(visible, sorted_rows=True)
+  hidden_BxNxD, _ = model(tokens, pos, content, queries=Queries(pos, query), hidden=True)
+  nll, hit = token_nll(model, hidden_BxNxD, tokens)
   return Loss.of(Mean.of(nll, counts)), {"accuracy": Mean.of(hit, counts),
                                             "masking_rate": Mean.of(rates)}

@@ -36,14 +36,10 @@ import re
 from paraflax import hlo
 from paraflax.model.decode_attention import KERNEL_NAME
 from paraflax.model import decode_layer, greedy_head
-from paraflax.perf.compile.hbm import Hbm, in_hbm
+from paraflax.perf.compile.hbm import DTYPE_BYTES, Hbm, in_hbm
 from paraflax.perf.compile import kernels
 from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
-               "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2,
-               "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
-               "c64": 8, "c128": 16, "token": 0}
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 # our Pallas matmuls by kernel name: (the operands that are rows [M, K], those that are
 # weights); the greedy head's second rows are a mixed head's (TiDAR's target: two rows' logits)

@@ -23,6 +23,12 @@ import re
 
 from paraflax import hlo
 
+# bytes of an element of each HLO type
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
+               "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2,
+               "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
+               "c64": 8, "c128": 16, "token": 0}
+
 _ELEMENT = re.compile(r"\b([a-z]\w*)\[([\d,]*)\](\{[^}]*\})?")
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _STACK_FRAME = re.compile(r"\s*stack_frame_id=\d+")
@@ -31,7 +37,6 @@ _ASYNC_MOVES = {"slice-start": (0, 1), "copy-start": (1, 0)}  # (source, destina
 
 def elements(shape: str) -> list[tuple[float, bool]]:
   """(bytes, in HBM) of each array of a shape's text, a tuple's in order."""
-  from paraflax.perf.compile.costs import DTYPE_BYTES
   return [(DTYPE_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d),
            not _ON_CHIP.search(layout or ""))
           for t, dims, layout in _ELEMENT.findall(shape) if t in DTYPE_BYTES]

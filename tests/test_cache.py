@@ -28,3 +28,26 @@ def test_commit_appends_chosen_rows_per_row():
   np.testing.assert_array_equal(k[2, :6], [0] * 6)  # count 0: nothing written to real slots
   np.testing.assert_array_equal(out.v, -out.k)
   assert out.capacity == 6 and out.slots == 7
+
+
+def test_a_tpu_cache_commits_one_slot_a_row_as_the_scatter_does():
+  """A TPU's cache (`slices`) commits one slot a row by dynamic slices: every committed slot
+  equals the scatter's, for rows that keep it or not, full rows included; only slots at or
+  past a row's length (no mask lets a query see them) may differ."""
+  cfg = pf.ModelConfig(**{**MICRO, "n_layers": 2, "n_kv_heads": 1, "head_dim": 2, "n_heads": 1,
+                          "d_model": 2})
+  scatter = pf.init_cache(cfg, 4, 6).replace(lengths=jnp.array([0, 3, 6, 5]))
+  sliced = pf.init_cache(cfg, 4, 6, backend="tpu").replace(lengths=scatter.lengths)
+  assert sliced.slices and not scatter.slices
+  for step in range(3):
+    values = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3, 1, 1) + 100.0 * step
+    chunk = pf.ChunkKV(k=jnp.broadcast_to(values, (2, 4, 3, 1, 2)),
+                       v=-jnp.broadcast_to(values, (2, 4, 3, 1, 2)))
+    src = jnp.array([[2], [0], [1], [1]])
+    count = jnp.array([1, 1, 0, step % 2])  # the full row (length 6) keeps nothing
+    scatter, sliced = (pf.commit(c, chunk, src, count) for c in (scatter, sliced))
+    np.testing.assert_array_equal(sliced.lengths, scatter.lengths)
+    for b, n in enumerate(np.asarray(scatter.lengths)):
+      np.testing.assert_array_equal(sliced.k[:, b, :n], scatter.k[:, b, :n])
+      np.testing.assert_array_equal(sliced.v[:, b, :n], scatter.v[:, b, :n])
+  assert sliced.slices  # a commit keeps the cache's kind

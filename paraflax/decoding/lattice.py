@@ -98,7 +98,7 @@ def first_call(fwd, dec, canvas_BxN, rng) -> InfillState:
   queries = Queries(take(order, jnp.broadcast_to(jnp.arange(k), (b, k))),
                     jnp.broadcast_to(visible[:, None, :], (b, k, n)))  # see the prompt only
   logits, kv = fwd(jnp.where(hole, 0, canvas_BxN), pos, content, None, queries)
-  cache = commit(init_cache(fwd.cfg, b, n), kv, jnp.argsort(hole, axis=1, stable=True),
+  cache = commit(init_cache(fwd.cfg, b, n, fwd.backend), kv, jnp.argsort(hole, axis=1, stable=True),
                  n - holes)
   zeros = jnp.zeros((b,), jnp.int32)
   state = InfillState(canvas=canvas_BxN, order=order, holes=holes, n=zeros, start=zeros,

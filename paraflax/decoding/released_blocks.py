@@ -56,5 +56,5 @@ def prefill_with_draws(fwd, prompts_BxP, prompt_lens_B, capacity: int, n: int, k
   positions = jnp.broadcast_to(jnp.arange(p + n, dtype=jnp.int32), (b, p + n))
   logits, kv = fwd.at(chunk, positions, mask_structure.causal(prompt_lens_B + n, p + n),
                       at - 1)
-  cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
+  cache = commit(init_cache(fwd.cfg, b, capacity, fwd.backend), kv, positions, prompt_lens_B)
   return cache, logits

@@ -32,6 +32,11 @@ class Forward:
     graphdef, params = nnx.split(model)
     return cls(graphdef=graphdef, cfg=model.cfg, params=params)
 
+  @property
+  def backend(self) -> str:
+    """The platform the model runs for (its run control's, else this host's)."""
+    return nnx.merge(self.graphdef, self.params).run.backend()
+
   def __call__(self, tokens, positions, mask, cache=None, queries=None):
     with jax.named_scope(self.scope):  # a compiled step's kernels, by model (`perf compile`)
       return nnx.merge(self.graphdef, self.params)(tokens, positions, mask, cache, queries)
@@ -131,7 +136,7 @@ def prefill(fwd: Forward, prompts_BxP, prompt_lens_B, capacity: int):
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   logits, kv = fwd.at(prompts_BxP, positions, mask_structure.causal(prompt_lens_B, p),
                       prompt_lens_B[:, None] - 1)
-  cache = commit(init_cache(fwd.cfg, b, capacity), kv, positions, prompt_lens_B)
+  cache = commit(init_cache(fwd.cfg, b, capacity, fwd.backend), kv, positions, prompt_lens_B)
   return cache, logits[:, 0]
 
 

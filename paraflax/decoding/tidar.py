@@ -117,7 +117,7 @@ class TiDAR(Decoder):
     read = jnp.concatenate([prompt_lens[:, None] - 1, jnp.broadcast_to(p + jnp.arange(k),
                                                                        (b, k))], 1)
     logits, kv = fwd.at(tokens, positions, mask_structure.tidar_prefill(prompt_lens, p, k), read)
-    cache = commit(init_cache(fwd.cfg, b, capacity), kv, pos_prompt, prompt_lens)
+    cache = commit(init_cache(fwd.cfg, b, capacity, fwd.backend), kv, pos_prompt, prompt_lens)
     rng, s_first, s_draft = jax.random.split(rng, 3)
     target = self._mix(logits[:, 0], logits[:, 1])
     first = self.sampler.sample(s_first, target)

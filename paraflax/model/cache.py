@@ -27,6 +27,8 @@ class KVCache:
   k: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]; slot S-1 is the spare
   v: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]
   lengths: jax.Array = axes("batch")  # [B] int32: slots [0, lengths) hold committed keys
+  # commit one slot a row as B dynamic slices, not a scatter (`commit`)
+  slices: bool = struct.field(pytree_node=False, default=False)
 
   @property
   def slots(self) -> int:
@@ -52,16 +54,18 @@ class CacheLayer:
     return self.k[self.layer], self.v[self.layer]
 
 
-def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
-  """An empty cache with `capacity` usable slots per row (+1 spare).
+def init_cache(cfg: ModelConfig, batch: int, capacity: int,
+               backend: str | None = None) -> KVCache:
+  """An empty cache with `capacity` usable slots per row (+1 spare), for a model that runs on
+  `backend` (a TPU's commits one slot a row are dynamic slices: `commit`).
 
   Under `sharding.use_mesh` (inside jit) it is sharded: batch over (data, fsdp), kv heads
   over tensor, each only where the axis sizes divide it.
   """
   shape = (cfg.n_layers, batch, capacity + 1, cfg.n_kv_heads, cfg.dim_per_head)
   return constrain(KVCache(k=jnp.zeros(shape, cfg.compute_dtype),
-                                 v=jnp.zeros(shape, cfg.compute_dtype),
-                                 lengths=jnp.zeros((batch,), jnp.int32)))
+                           v=jnp.zeros(shape, cfg.compute_dtype),
+                           lengths=jnp.zeros((batch,), jnp.int32), slices=backend == "tpu"))
 
 
 def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Array) -> KVCache:
@@ -69,11 +73,26 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
 
   One gather of n rows per batch row and one scatter into the cache (in place inside a
   loop). Entries i >= count[b] go to the spare slot.
+
+  A cache with `slices` (a TPU's) takes one slot a row (n = 1) as B dynamic slices at the
+  rows' lengths instead: XLA:TPU lays a scatter's cache out slots-major, attention reads it
+  slots-minor, and the loop copied the whole cache between the two every step. The slice
+  always fits (a length is at most the capacity, one below the slots); a row keeping nothing
+  writes slot `length`, which no mask lets a query see.
   """
   b, n = src_BxN.shape
   rows = jnp.arange(b)[:, None]  # [B, 1]
+  new_k = chunk.k[:, rows, src_BxN].astype(cache.k.dtype)  # [layers, B, N, Hkv, Dh]
+  new_v = chunk.v[:, rows, src_BxN].astype(cache.v.dtype)
+  lengths = cache.lengths + count_B.astype(jnp.int32)
+  if cache.slices and n == 1:
+    k, v = cache.k, cache.v
+    for r in range(b):
+      at = (0, r, cache.lengths[r], 0, 0)
+      k = jax.lax.dynamic_update_slice(k, new_k[:, r:r + 1], at)
+      v = jax.lax.dynamic_update_slice(v, new_v[:, r:r + 1], at)
+    return cache.replace(k=k, v=v, lengths=lengths)
   keep = jnp.arange(n)[None, :] < count_B[:, None]  # [B, N]
   dst = jnp.where(keep, cache.lengths[:, None] + jnp.arange(n)[None, :], cache.slots - 1)
-  k = cache.k.at[:, rows, dst].set(chunk.k[:, rows, src_BxN].astype(cache.k.dtype))
-  v = cache.v.at[:, rows, dst].set(chunk.v[:, rows, src_BxN].astype(cache.v.dtype))
-  return KVCache(k=k, v=v, lengths=cache.lengths + count_B.astype(jnp.int32))
+  return cache.replace(k=cache.k.at[:, rows, dst].set(new_k),
+                       v=cache.v.at[:, rows, dst].set(new_v), lengths=lengths)

@@ -30,24 +30,28 @@ def test_commit_appends_chosen_rows_per_row():
   assert out.capacity == 6 and out.slots == 7
 
 
-def test_a_tpu_cache_commits_one_slot_a_row_as_the_scatter_does():
-  """A TPU's cache (`slices`) commits one slot a row by dynamic slices: every committed slot
-  equals the scatter's, for rows that keep it or not, full rows included; only slots at or
-  past a row's length (no mask lets a query see them) may differ."""
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_tpu_cache_commits_as_the_scatter_does(n):
+  """A TPU's cache (`slices`) writes each row's window of n slots by dynamic slices: every
+  committed slot equals the scatter's, for rows that keep all, some or none of their
+  entries, near the last slot (a window clamped back over committed slots) and full."""
   cfg = pf.ModelConfig(**{**MICRO, "n_layers": 2, "n_kv_heads": 1, "head_dim": 2, "n_heads": 1,
                           "d_model": 2})
-  scatter = pf.init_cache(cfg, 4, 6).replace(lengths=jnp.array([0, 3, 6, 5]))
-  sliced = pf.init_cache(cfg, 4, 6, backend="tpu").replace(lengths=scatter.lengths)
+  lengths = jnp.array([0, 3, 6, 5, 4])
+  scatter = pf.init_cache(cfg, 5, 6).replace(lengths=lengths)
+  sliced = pf.init_cache(cfg, 5, 6, backend="tpu").replace(lengths=lengths)
   assert sliced.slices and not scatter.slices
-  for step in range(3):
-    values = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3, 1, 1) + 100.0 * step
-    chunk = pf.ChunkKV(k=jnp.broadcast_to(values, (2, 4, 3, 1, 2)),
-                       v=-jnp.broadcast_to(values, (2, 4, 3, 1, 2)))
-    src = jnp.array([[2], [0], [1], [1]])
-    count = jnp.array([1, 1, 0, step % 2])  # the full row (length 6) keeps nothing
+  rng = np.random.default_rng(n)
+  for step in range(4):
+    values = jnp.arange(2 * 5 * 4, dtype=jnp.float32).reshape(2, 5, 4, 1, 1) + 100.0 * step
+    chunk = pf.ChunkKV(k=jnp.broadcast_to(values, (2, 5, 4, 1, 2)),
+                       v=-jnp.broadcast_to(values, (2, 5, 4, 1, 2)))
+    src = jnp.asarray(rng.integers(0, 4, (5, n)))
+    room = 6 - np.asarray(scatter.lengths)  # a step commits what fits, as decoders do
+    count = jnp.asarray(np.minimum(rng.integers(0, n + 1, 5), room))
     scatter, sliced = (pf.commit(c, chunk, src, count) for c in (scatter, sliced))
     np.testing.assert_array_equal(sliced.lengths, scatter.lengths)
-    for b, n in enumerate(np.asarray(scatter.lengths)):
-      np.testing.assert_array_equal(sliced.k[:, b, :n], scatter.k[:, b, :n])
-      np.testing.assert_array_equal(sliced.v[:, b, :n], scatter.v[:, b, :n])
+    for b, m in enumerate(np.asarray(scatter.lengths)):
+      np.testing.assert_array_equal(sliced.k[:, b, :m], scatter.k[:, b, :m])
+      np.testing.assert_array_equal(sliced.v[:, b, :m], scatter.v[:, b, :m])
   assert sliced.slices  # a commit keeps the cache's kind

@@ -74,25 +74,39 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
   One gather of n rows per batch row and one scatter into the cache (in place inside a
   loop). Entries i >= count[b] go to the spare slot.
 
-  A cache with `slices` (a TPU's) takes one slot a row (n = 1) as B dynamic slices at the
-  rows' lengths instead: XLA:TPU lays a scatter's cache out slots-major, attention reads it
-  slots-minor, and the loop copied the whole cache between the two every step. The slice
-  always fits (a length is at most the capacity, one below the slots); a row keeping nothing
-  writes slot `length`, which no mask lets a query see.
+  A cache with `slices` (a TPU's) writes each row's window of n slots from its length with a
+  dynamic slice instead: XLA:TPU lays a scatter's cache out slots-major, attention reads it
+  slots-minor, and the loop copied the whole cache between the two every step. A window
+  holds the row's kept entries and, elsewhere, what its slots held (a window that would run
+  past the last slot starts earlier, over committed slots it leaves as they were; entries
+  that do not fit are dropped, as the scatter drops them into the spare slot).
   """
   b, n = src_BxN.shape
   rows = jnp.arange(b)[:, None]  # [B, 1]
   new_k = chunk.k[:, rows, src_BxN].astype(cache.k.dtype)  # [layers, B, N, Hkv, Dh]
   new_v = chunk.v[:, rows, src_BxN].astype(cache.v.dtype)
   lengths = cache.lengths + count_B.astype(jnp.int32)
-  if cache.slices and n == 1:
+  if cache.slices:
     k, v = cache.k, cache.v
     for r in range(b):
-      at = (0, r, cache.lengths[r], 0, 0)
-      k = jax.lax.dynamic_update_slice(k, new_k[:, r:r + 1], at)
-      v = jax.lax.dynamic_update_slice(v, new_v[:, r:r + 1], at)
+      start = jnp.clip(cache.lengths[r], 0, cache.slots - n)
+      entry = start + jnp.arange(n) - cache.lengths[r]  # [N] the entry each slot would take
+      kept = (entry >= 0) & (entry < count_B[r])
+      k = _write_window(k, new_k[:, r:r + 1], r, start, entry, kept)
+      v = _write_window(v, new_v[:, r:r + 1], r, start, entry, kept)
     return cache.replace(k=k, v=v, lengths=lengths)
   keep = jnp.arange(n)[None, :] < count_B[:, None]  # [B, N]
   dst = jnp.where(keep, cache.lengths[:, None] + jnp.arange(n)[None, :], cache.slots - 1)
   return cache.replace(k=cache.k.at[:, rows, dst].set(new_k),
                        v=cache.v.at[:, rows, dst].set(new_v), lengths=lengths)
+
+
+def _write_window(x, new_Lx1xNxHxD, r: int, start, entry_N, kept_N):
+  """`x` with row r's slots [start, start + N) holding new[entry] where kept, else as they
+  were."""
+  n = new_Lx1xNxHxD.shape[2]
+  at = (0, r, start, 0, 0)
+  window = jax.lax.dynamic_slice(x, at, (x.shape[0], 1, n, *x.shape[3:]))
+  entries = jnp.take(new_Lx1xNxHxD, jnp.clip(entry_N, 0, n - 1), axis=2)
+  return jax.lax.dynamic_update_slice(
+      x, jnp.where(kept_N[None, None, :, None, None], entries, window), at)

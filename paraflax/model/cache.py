@@ -79,7 +79,10 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
   slots-minor, and the loop copied the whole cache between the two every step. A window
   holds the row's kept entries and, elsewhere, what its slots held (a window that would run
   past the last slot starts earlier, over committed slots it leaves as they were; entries
-  that do not fit are dropped, as the scatter drops them into the spare slot).
+  that do not fit are dropped, as the scatter drops them into the spare slot). A window of
+  one slot always fits (a length is at most the capacity, one below the slots) and is
+  written whole: a row keeping nothing writes slot `length`, which no mask lets a query see
+  (reading the window first made XLA:TPU copy the cache at batch 1).
   """
   b, n = src_BxN.shape
   rows = jnp.arange(b)[:, None]  # [B, 1]
@@ -91,7 +94,7 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
     for r in range(b):
       start = jnp.clip(cache.lengths[r], 0, cache.slots - n)
       entry = start + jnp.arange(n) - cache.lengths[r]  # [N] the entry each slot would take
-      kept = (entry >= 0) & (entry < count_B[r])
+      kept = None if n == 1 else (entry >= 0) & (entry < count_B[r])
       k = _write_window(k, new_k[:, r:r + 1], r, start, entry, kept)
       v = _write_window(v, new_v[:, r:r + 1], r, start, entry, kept)
     return cache.replace(k=k, v=v, lengths=lengths)
@@ -102,11 +105,12 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
 
 
 def _write_window(x, new_Lx1xNxHxD, r: int, start, entry_N, kept_N):
-  """`x` with row r's slots [start, start + N) holding new[entry] where kept, else as they
-  were."""
+  """`x` with row r's slots [start, start + N) holding new[entry] where kept (None: all),
+  else as they were."""
   n = new_Lx1xNxHxD.shape[2]
   at = (0, r, start, 0, 0)
-  window = jax.lax.dynamic_slice(x, at, (x.shape[0], 1, n, *x.shape[3:]))
   entries = jnp.take(new_Lx1xNxHxD, jnp.clip(entry_N, 0, n - 1), axis=2)
-  return jax.lax.dynamic_update_slice(
-      x, jnp.where(kept_N[None, None, :, None, None], entries, window), at)
+  if kept_N is not None:
+    window = jax.lax.dynamic_slice(x, at, (x.shape[0], 1, n, *x.shape[3:]))
+    entries = jnp.where(kept_N[None, None, :, None, None], entries, window)
+  return jax.lax.dynamic_update_slice(x, entries, at)

@@ -87,3 +87,24 @@ def test_the_model_argmax_takes_the_kernel_or_the_logits_alike():
         got[setting] = [model.argmax(x), model.argmax(x, (other, a))]
     for want, have in zip(got["xla"], got["gpu_decode"]):
       np.testing.assert_array_equal(have, want)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "lm_head"])
+def test_the_argmax_in_chunks_is_the_head_argmax(tied):
+  """A TPU's wide steps (`argmax_in_chunks`): chunks of 128 columns (the last one starting
+  earlier), ties across chunks to the first column, rows mixed with other rows (TiDAR's
+  target): what `jnp.argmax` of the (mixed) logits gives."""
+  kx, kw, ka = jax.random.split(jax.random.key(6), 3)
+  x = jax.random.normal(kx, (2, 12, D))
+  w = jax.random.normal(kw, (V, D)).at[jnp.array([7, 200, 299])].set(10 * x[0, 0])
+  other = jnp.broadcast_to(jnp.arange(12)[::-1], (2, 12))
+  a = jnp.where(jnp.arange(12) < 6, jax.random.uniform(ka, (2, 12)), 1.0)
+  with jax.default_matmul_precision("highest"):
+    out = logits(x, w.T)
+    for mix, want in ((None, out), ((other, a), a[..., None] * out + (1 - a[..., None])
+                                    * jnp.take_along_axis(out, other[..., None], 1))):
+      got = greedy_head.argmax_in_chunks(x, w if tied else w.T, tied=tied, mix=mix, columns=128)
+      assert got.dtype == jnp.int32
+      np.testing.assert_array_equal(got, jnp.argmax(want, -1))
+  # the tie (columns 7, 200, 299, in chunks 0, 1 and the last), unmixed: the first column
+  assert greedy_head.argmax_in_chunks(x, w, tied=True, columns=128)[0, 0] == 7

@@ -29,6 +29,8 @@ from paraflax.model.decode_layer import BLOCK_K, row_tile
 from paraflax.parallel import sharding
 
 KERNEL_NAME = "paraflax_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
+TPU_ROWS = 64  # a TPU step of at least this many rows takes `argmax_in_chunks`
+CHUNK_V = 8192  # its vocabulary columns a chunk
 MAX_ROWS = 1024  # rows a call may have; wider calls take XLA's head
 BLOCK_V = 128  # vocabulary columns per program (rows and contraction tiled as the decode layer)
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -42,6 +44,39 @@ def runs(cfg, rows: int, attention: str, backend: str) -> bool:
   return (rows <= MAX_ROWS and (mesh is None or mesh.size == 1)
           and resolve(attention, backend, cfg.compute_dtype, max_len=cfg.max_seq_len, rows=1,
                       cached=True) == "gpu_decode")
+
+
+def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V):
+  """int32 `[B, T]`: `jnp.argmax` of the head's logits (`mix` as `Transformer.argmax` mixes
+  them), computed by XLA `columns` vocabulary columns at a time, so a wide TPU step never
+  holds `[B, T, V]` float32 logits in HBM: each chunk's logits, their maximum and its first
+  column, then the first chunk reaching the row's maximum (a last chunk that would run past
+  V starts earlier; its repeated columns change no pick)."""
+  v = w.shape[0] if tied else w.shape[1]
+  columns = min(columns, v)
+  b, t, _ = x_BxTxD.shape
+
+  def chunk(carry, start):
+    best, pick = carry
+    if tied:  # [C, D]
+      part = jax.lax.dynamic_slice_in_dim(w, start, columns, 0)
+      out = jnp.einsum("btd,cd->btc", x_BxTxD, part.astype(x_BxTxD.dtype),
+                       preferred_element_type=jnp.float32)
+    else:  # [D, C]
+      part = jax.lax.dynamic_slice_in_dim(w, start, columns, 1)
+      out = jnp.einsum("btd,dc->btc", x_BxTxD, part.astype(x_BxTxD.dtype),
+                       preferred_element_type=jnp.float32)
+    if mix is not None:
+      a = mix[1][..., None]
+      out = a * out + (1.0 - a) * jnp.take_along_axis(out, mix[0][..., None], 1)
+    top = out.max(-1)
+    better = top > best
+    return (jnp.where(better, top, best),
+            jnp.where(better, start + jnp.argmax(out, -1).astype(jnp.int32), pick)), None
+
+  starts = jnp.minimum(jnp.arange(0, v, columns, dtype=jnp.int32), v - columns)
+  init = (jnp.full((b, t), -jnp.inf, jnp.float32), jnp.zeros((b, t), jnp.int32))
+  return jax.lax.scan(chunk, init, starts)[0][1]
 
 
 def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):

@@ -48,35 +48,28 @@ def runs(cfg, rows: int, attention: str, backend: str) -> bool:
 
 def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V):
   """int32 `[B, T]`: `jnp.argmax` of the head's logits (`mix` as `Transformer.argmax` mixes
-  them), computed by XLA `columns` vocabulary columns at a time, so a wide TPU step never
-  holds `[B, T, V]` float32 logits in HBM: each chunk's logits, their maximum and its first
-  column, then the first chunk reaching the row's maximum (a last chunk that would run past
-  V starts earlier; its repeated columns change no pick)."""
+  them), computed by XLA `columns` vocabulary columns at a time (static slices of the weight,
+  one after the other), so a wide TPU step never holds `[B, T, V]` float32 logits in HBM:
+  each chunk's logits, their maximum and its first column, then the first chunk reaching the
+  row's maximum (a last chunk that would run past V starts earlier; its repeated columns
+  change no pick)."""
   v = w.shape[0] if tied else w.shape[1]
   columns = min(columns, v)
-  b, t, _ = x_BxTxD.shape
-
-  def chunk(carry, start):
-    best, pick = carry
-    if tied:  # [C, D]
-      part = jax.lax.dynamic_slice_in_dim(w, start, columns, 0)
-      out = jnp.einsum("btd,cd->btc", x_BxTxD, part.astype(x_BxTxD.dtype),
-                       preferred_element_type=jnp.float32)
-    else:  # [D, C]
-      part = jax.lax.dynamic_slice_in_dim(w, start, columns, 1)
-      out = jnp.einsum("btd,dc->btc", x_BxTxD, part.astype(x_BxTxD.dtype),
-                       preferred_element_type=jnp.float32)
+  best = pick = None
+  for start in sorted({min(c, v - columns) for c in range(0, v, columns)}):
+    part = w[start:start + columns] if tied else w[:, start:start + columns]
+    out = jnp.einsum("btd,cd->btc" if tied else "btd,dc->btc", x_BxTxD,
+                     part.astype(x_BxTxD.dtype), preferred_element_type=jnp.float32)
     if mix is not None:
       a = mix[1][..., None]
       out = a * out + (1.0 - a) * jnp.take_along_axis(out, mix[0][..., None], 1)
-    top = out.max(-1)
-    better = top > best
-    return (jnp.where(better, top, best),
-            jnp.where(better, start + jnp.argmax(out, -1).astype(jnp.int32), pick)), None
-
-  starts = jnp.minimum(jnp.arange(0, v, columns, dtype=jnp.int32), v - columns)
-  init = (jnp.full((b, t), -jnp.inf, jnp.float32), jnp.zeros((b, t), jnp.int32))
-  return jax.lax.scan(chunk, init, starts)[0][1]
+    top, col = out.max(-1), start + jnp.argmax(out, -1).astype(jnp.int32)
+    if best is None:
+      best, pick = top, col
+    else:
+      better = top > best
+      best, pick = jnp.where(better, top, best), jnp.where(better, col, pick)
+  return pick
 
 
 def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):

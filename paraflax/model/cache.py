@@ -27,7 +27,7 @@ class KVCache:
   k: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]; slot S-1 is the spare
   v: jax.Array = axes(*KV_NAMES)  # [layers, B, S, Hkv, Dh]
   lengths: jax.Array = axes("batch")  # [B] int32: slots [0, lengths) hold committed keys
-  # commit one slot a row as B dynamic slices, not a scatter (`commit`)
+  # commit each row's window of slots by dynamic slices, not a scatter (a TPU's: `commit`)
   slices: bool = struct.field(pytree_node=False, default=False)
 
   @property
@@ -57,7 +57,7 @@ class CacheLayer:
 def init_cache(cfg: ModelConfig, batch: int, capacity: int,
                backend: str | None = None) -> KVCache:
   """An empty cache with `capacity` usable slots per row (+1 spare), for a model that runs on
-  `backend` (a TPU's commits one slot a row are dynamic slices: `commit`).
+  `backend` (a TPU's commits are dynamic slices, `slices`: `commit`).
 
   Under `sharding.use_mesh` (inside jit) it is sharded: batch over (data, fsdp), kv heads
   over tensor, each only where the axis sizes divide it.

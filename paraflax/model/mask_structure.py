@@ -267,7 +267,7 @@ def tidar_windows(length: int, max_block: int, rows: int = WINDOW_ROWS) -> tuple
   """TiDAR's mask half `[length, 2 length)` in windows of `rows` slots. Slot i of a
   block of s <= `max_block` slots sees the clean keys before its block (before i + 1) and its
   block's mask keys (within s - 1 of i), so slots [g0, g1) see clean keys [0, g1) and mask keys
-  [g0 - max_block + 1, g1 + max_block - 1): a window attends ~g1 + 512 keys, not 2 length."""
+  [g0 - max_block + 1, g1 + max_block - 1): a window attends ~g1 + `rows` keys, not 2 length."""
   n, out = length, []
   for g0 in range(0, n, rows):
     g1 = min(n, g0 + rows)

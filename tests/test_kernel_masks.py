@@ -152,7 +152,8 @@ def test_a_subcausal_mask_sees_no_later_key_and_always_its_own(mask):
 def test_tidar_windows_hold_every_key_their_slots_see():
   """`windows` is a claim about the mask: no query of a window sees a key outside its
   segments, whatever the rows' block sizes up to `max_block`."""
-  for length, sizes, rows in [(10, [2, 3], 4), (64, [4, 8], 16), (64, [8, 8], 64), (30, [1, 5], 7)]:
+  cases = [(10, [2, 3], 4), (64, [4, 8], 16), (64, [8, 8], 64), (30, [1, 5], 7)]
+  for length, sizes, rows in cases:
     mask = ms.tidar_train(length, jnp.array(sizes), max_block=max(sizes))
     mask = dataclasses.replace(mask, windows=ms.tidar_windows(length, max(sizes), rows))
     dense = np.asarray(mask.dense())

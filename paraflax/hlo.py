@@ -47,14 +47,7 @@ class Instruction:
   @property
   def operands(self) -> list[str]:
     """Its operands' names (the text inside its opcode's parentheses)."""
-    depth = 0
-    for i, ch in enumerate(self.rest):
-      depth += ch in "({["
-      if ch in ")}]":
-        if depth == 0:
-          return _NAME.findall(self.rest[:i])
-        depth -= 1
-    return _NAME.findall(self.rest)
+    return _NAME.findall(self.rest[:operands_end(self.rest)])
 
   @property
   def trip_count(self) -> int | None:
@@ -81,6 +74,18 @@ class Instruction:
       return text
     m = re.match(r'"((?:[^"\\]|\\.)*)"|([^,\s)]*)', text)
     return m.group(1) if m.group(1) is not None else m.group(2)
+
+
+def operands_end(rest: str) -> int:
+  """Where an instruction's operand list ends in its text after the opcode's "(" (`rest`)."""
+  depth = 0
+  for i, ch in enumerate(rest):
+    depth += ch in "({["
+    if ch in ")}]":
+      if depth == 0:
+        return i
+      depth -= 1
+  return len(rest)
 
 
 def computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:

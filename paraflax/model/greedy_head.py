@@ -46,6 +46,15 @@ def runs(cfg, rows: int, attention: str, backend: str) -> bool:
                       cached=True) == "gpu_decode")
 
 
+def mixed(logits_BxTxV, mix):
+  """Logits mixed across rows (`Transformer.argmax`'s `mix`: other `[B, T]`, a `[B, T]`):
+  row t's are `a * logits[t] + (1 - a) * logits[other]`; None: as they are."""
+  if mix is None:
+    return logits_BxTxV
+  a = mix[1][..., None]
+  return a * logits_BxTxV + (1.0 - a) * jnp.take_along_axis(logits_BxTxV, mix[0][..., None], 1)
+
+
 def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V):
   """int32 `[B, T]`: `jnp.argmax` of the head's logits (`mix` as `Transformer.argmax` mixes
   them), computed by XLA `columns` vocabulary columns at a time (static slices of the weight,
@@ -60,9 +69,7 @@ def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V
     part = w[start:start + columns] if tied else w[:, start:start + columns]
     out = jnp.einsum("btd,cd->btc" if tied else "btd,dc->btc", x_BxTxD,
                      part.astype(x_BxTxD.dtype), preferred_element_type=jnp.float32)
-    if mix is not None:
-      a = mix[1][..., None]
-      out = a * out + (1.0 - a) * jnp.take_along_axis(out, mix[0][..., None], 1)
+    out = mixed(out, mix)
     top, col = out.max(-1), start + jnp.argmax(out, -1).astype(jnp.int32)
     if best is None:
       best, pick = top, col

@@ -305,11 +305,7 @@ class Transformer(nnx.Module):
     if backend == "tpu" and b * t >= greedy_head.TPU_ROWS:
       return greedy_head.argmax_in_chunks(x_BxTxD, w, tied=tied, mix=mix)
     if not greedy_head.runs(self.cfg, b * t, self.run.attention, backend):
-      out = self.head(x_BxTxD)
-      if mix is not None:
-        a = mix[1][..., None]
-        out = a * out + (1.0 - a) * jnp.take_along_axis(out, mix[0][..., None], 1)
-      return jnp.argmax(out, -1).astype(jnp.int32)
+      return jnp.argmax(greedy_head.mixed(self.head(x_BxTxD), mix), -1).astype(jnp.int32)
     flat = lambda z: z.reshape(b * t, *z.shape[2:])
     mixed = None if mix is None else (
         flat(jnp.take_along_axis(x_BxTxD, mix[0][..., None], 1)), flat(mix[1]))

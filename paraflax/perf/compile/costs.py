@@ -12,7 +12,7 @@ program does not look cheaper the more of its work moves into custom calls.
                          its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
   every custom call      bytes: its operands plus its results (on a TPU, those in HBM, and
-                         none for a call that only places buffers, `kernels.tpu_class`)
+                         none for a call that only places buffers, `kernels.places_buffers`)
 
 A GEMM or attention call whose shapes these rules cannot read is counted in `uncosted`. A
 `while` body counts times its trip count (XLA's analysis counts one trip), a conditional its
@@ -125,7 +125,7 @@ class Costs:
         inner = self.program.comps[ins.called[0]]
         call = next((i for i in reversed(inner) if i.op not in hlo.FREE), ins)
         shapes.update({i.name: i.shape for i in inner})
-      if call.op != "custom-call" or (self.hbm and kernels.tpu_class(call, "") == "layout"):
+      if call.op != "custom-call" or (self.hbm and kernels.places_buffers(call)):
         continue
       flops = custom_call_flops(call, shapes)
       if flops is None:

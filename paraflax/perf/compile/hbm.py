@@ -47,19 +47,6 @@ def in_hbm(shape: str) -> float:
   return sum(b for b, hbm in elements(shape) if hbm)
 
 
-def _operands_end(rest: str) -> int:
-  """Where an instruction's operand list ends in its text after the opcode's "("."""
-  depth = 0
-  for i, ch in enumerate(rest):
-    if ch in "({[":
-      depth += 1
-    elif ch in ")}]":
-      if depth == 0:
-        return i
-      depth -= 1
-  return len(rest)
-
-
 class Hbm:
   """HBM bytes per run of a computation of a TPU `kernels.Program` (module docstring)."""
 
@@ -117,7 +104,7 @@ class Hbm:
     lines, seen = ["HloModule alone"], set()
     kept = [k for k in range(len(operand_shapes)) if k not in inline]
 
-    def add(name: str, inline: set[int] = frozenset()) -> None:
+    def add(name: str, constants: set[int] = frozenset()) -> None:
       if name in seen:
         return
       seen.add(name)
@@ -128,9 +115,9 @@ class Hbm:
       lines.append(f"%{name} {{")
       for i in body:
         rest = i.rest
-        if i.op == "parameter" and inline:
+        if i.op == "parameter" and constants:
           k = int(rest.split(")")[0])
-          if k in inline:
+          if k in constants:
             lines.append(f"  %{i.name}.zero = {i.shape.split('[')[0]}[] constant(0)")
             lines.append(f"  %{i.name} = {i.shape} broadcast(%{i.name}.zero), dimensions={{}}")
             continue
@@ -140,7 +127,7 @@ class Hbm:
 
     for j, c in enumerate(ins.called):
       add(c, inline if j == 0 else frozenset())
-    end = _operands_end(ins.rest)
+    end = hlo.operands_end(ins.rest)
     params = ", ".join(f"%p{k}" for k in kept)
     lines += ["ENTRY %alone {"]
     lines += [f"  %p{k} = {operand_shapes[k]} parameter({n})" for n, k in enumerate(kept)]

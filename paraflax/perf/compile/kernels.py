@@ -149,9 +149,14 @@ def tpu_class(ins: hlo.Instruction, kind: str) -> str:
   places buffers (`layout`); none of them launches a kernel."""
   if ins.op in ("copy-start", "slice-start"):
     return "dma"
-  if ins.op == "custom-call" and ins.attribute("custom_call_target") in TPU_LAYOUT_CALLS:
+  if places_buffers(ins):
     return "layout"
   return "scalar" if kind == ins.op and ins.op != "copy" else kind
+
+
+def places_buffers(ins: hlo.Instruction) -> bool:
+  """Whether `ins` is a TPU custom call that only places buffers (`TPU_LAYOUT_CALLS`)."""
+  return ins.op == "custom-call" and ins.attribute("custom_call_target") in TPU_LAYOUT_CALLS
 
 
 def custom_call_class(ins: hlo.Instruction) -> str:

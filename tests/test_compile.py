@@ -223,6 +223,41 @@ def test_a_tpu_program_is_charged_its_hbm_bytes_and_its_dmas_are_no_kernels():
   assert costs.Costs(kernels.Program(TPU_HAND, "gpu")).of()["bytes"] > cost.of()["bytes"]
 
 
+# rows of a table gathered on chip: the table T and the indices copied into VMEM, the gather
+# fusion reading and writing VMEM alone (TiDAR's mixed head rows), its result copied to HBM
+TPU_GATHER = """HloModule tpu_gather
+
+%fused_gather (t: f32[8,20,128], i: s32[8,20,2]) -> f32[160,128] {
+  %t = f32[8,20,128]{2,0,1:T(8,128)S(1)} parameter(0)
+  %i = s32[8,20,2]{2,1,0:T(8,128)S(1)} parameter(1)
+  %g = f32[8,20,128]{2,1,0:T(8,128)} gather(%t, %i), offset_dims={2}, collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=2, slice_sizes={1,1,128}
+  ROOT %r = f32[160,128]{1,0:T(8,128)S(1)} reshape(%g)
+}
+
+ENTRY %main (t: f32[8,20,128], i: s32[8,20,2]) -> f32[160,128] {
+  %t = f32[8,20,128]{2,0,1:T(8,128)} parameter(0)
+  %i = s32[8,20,2]{2,1,0:T(8,128)} parameter(1)
+  %ts = (f32[8,20,128]{2,0,1:T(8,128)S(1)}, f32[8,20,128]{2,0,1:T(8,128)}, u32[]{:S(2)}) copy-start(%t)
+  %td = f32[8,20,128]{2,0,1:T(8,128)S(1)} copy-done(%ts)
+  %is = (s32[8,20,2]{2,1,0:T(8,128)S(1)}, s32[8,20,2]{2,1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%i)
+  %id = s32[8,20,2]{2,1,0:T(8,128)S(1)} copy-done(%is)
+  %g = f32[160,128]{1,0:T(8,128)S(1)} fusion(%td, %id), kind=kCustom, calls=%fused_gather
+  %gs = (f32[160,128]{1,0:T(8,128)}, f32[160,128]{1,0:T(8,128)S(1)}, u32[]{:S(2)}) copy-start(%g)
+  ROOT %gd = f32[160,128]{1,0:T(8,128)} copy-done(%gs)
+}
+"""
+
+
+@pytest.mark.fast
+def test_a_tpu_instruction_on_chip_alone_moves_no_hbm_bytes():
+  """The gather fusion reads and writes VMEM only: the program moves T and the indices in
+  and the rows out, once each (XLA's analysis of the fusion alone charges its gather)."""
+  cost = costs.Costs(kernels.Program(TPU_GATHER, "tpu"))
+  t, i, rows = 160 * 128 * 4, 160 * 2 * 4, 160 * 128 * 4
+  assert cost.of()["bytes"] == pytest.approx(t + i + rows)
+  assert cost.hbm.fallbacks == 0
+
+
 @pytest.mark.fast
 def test_targets_parse_and_refuse_in_one_line():
   assert targets.parse("h200").capacity > 140 * 2**30

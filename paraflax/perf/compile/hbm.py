@@ -7,6 +7,7 @@ charged only what it reads or writes in HBM (memory space 0):
 
   async slice or copy   the bytes it moves, once for each of its ends in HBM
   custom call           left to `costs` (its operands and results in HBM)
+  on chip alone         nothing (operands and results all outside HBM)
   any other             XLA's cost analysis of the instruction alone (its operands made
                         parameters) less what it charges the operands and outputs on chip; a
                         fusion's on-chip operands become constants inside it instead, as
@@ -81,6 +82,8 @@ class Hbm:
     """XLA's bytes of one instruction, as its own module, less those of its operands and
     outputs on chip (module docstring)."""
     operand_shapes = [shapes[o] for o in ins.operands]
+    if not any(hbm for s in (*operand_shapes, ins.shape) for _, hbm in elements(s)):
+      return 0.0  # reads and writes on chip alone (XLA's analysis still charges a gather)
     on_chip = {i for i, s in enumerate(operand_shapes)
                if not s.startswith("(") and any(not hbm for _, hbm in elements(s))}
     fused = ins.op == "fusion"

@@ -22,6 +22,7 @@ class Compiled:
   text: str  # the optimised HLO module
   memory: dict  # XLA's memory analysis, bytes per device (`dry_run.memory_report`)
   compile_s: float  # lowering and compilation
+  fit: tuple = ()  # a training step's memory candidates tried, least recompute first (`fit`)
 
 
 def mesh_of(target: targets.Target, fsdp: bool = True) -> Mesh:
@@ -45,15 +46,16 @@ def _compile(lower, target: targets.Target, mesh: Mesh | None = None) -> Compile
 def train_step(cfg, target: targets.Target):
   """(the compiled training step of `cfg` on the target's mesh, the config it compiled:
   its run control resolved for the target's platform, its "auto" memory choices made by
-  XLA's memory analysis against the target's memory, `dry_run.fit_to_device`). The compile
-  time counts every candidate the fit compiled."""
+  XLA's memory analysis against the target's memory, `dry_run.fit_to_device`, whose
+  candidates are `Compiled.fit`). The compile time counts every candidate the fit compiled."""
   from paraflax.training.run.dry_run import fit_to_device, lower_step, memory_report
   mesh = mesh_of(target)  # the step is traced on it (`jit_train_step`)
   t0 = time.perf_counter()
   with targets.compiling_for(target):
-    cfg, _, compiled = fit_to_device(cfg, mesh, target.capacity)
+    cfg, tried, compiled = fit_to_device(cfg, mesh, target.capacity)
     compiled = compiled or lower_step(cfg, mesh)[0].compile()
-  return Compiled(compiled.as_text(), memory_report(compiled), time.perf_counter() - t0), cfg
+  return Compiled(compiled.as_text(), memory_report(compiled), time.perf_counter() - t0,
+                  tuple(tried)), cfg
 
 
 def abstract_model(cfg, run):

@@ -114,6 +114,7 @@ def train_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log, 
              "seq_len": plan.seq_len, "defaults": not run_control(plan),
              "run_control": resolved(cfg),
              **measure(compiled.text, target), "memory": memory(compiled, target),
+             "fit": list(compiled.fit),
              "model_flops_per_step": flops.train_flops(cfg.model, cfg.objective, plan.batch,
                                                        plan.seq_len, cfg.objective_args),
              "compile_s": round(compiled.compile_s, 1)}

@@ -72,10 +72,13 @@ def test_micro_batches_when_no_candidate_fits_and_one_line_when_nothing_does(tmp
   got, _ = fit.fitted(cfg, memory_of, capacity=10 * GIB)
   assert (got.run.remat, got.run.loss_chunk, got.grad_accum) == ("full", None, 2)
   assert len(calls) == 6 + 6  # every candidate at 1 micro-batch, then at 2
-  with pytest.raises(ValueError, match=r"does not fit 10.0 GiB per device even with remat "
-                                       r"'full' and 4 micro-batches of 1 rows") as e:
+  with pytest.raises(ValueError, match=r"does not fit 90% of 10.0 GiB per device even with "
+                                       r"remat 'full' and 4 micro-batches of 1 rows") as e:
     fit.fitted(cfg, _fake_memory({})[0], capacity=10 * GIB)
   assert "\n" not in str(e.value)
+  fixed = _config(tmp_path, **{"run.remat": "save_matmuls"})  # the remat it was held to
+  with pytest.raises(ValueError, match=r"even with remat 'save_matmuls' and 4 micro-batches"):
+    fit.fitted(fixed, _fake_memory({})[0], capacity=10 * GIB)
 
 
 def test_only_auto_fields_are_chosen_and_the_cpu_keeps_the_config(tmp_path):

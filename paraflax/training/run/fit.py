@@ -80,7 +80,8 @@ def fitted(cfg: TrainConfig, memory_of: Callable[[TrainConfig], dict],
     if rows % (2 * accum):
       need = tried[-1]["total_bytes"]
       need = "more" if need is None else f"{need / 2**30:.1f} GiB"
-      raise ValueError(f"the training step does not fit {capacity / 2**30:.1f} GiB per device "
-                       f"even with remat 'full' and {accum} micro-batches of "
+      raise ValueError(f"the training step does not fit {HEADROOM:.0%} of "
+                       f"{capacity / 2**30:.1f} GiB per device even with remat "
+                       f"'{tried[-1]['remat']}' and {accum} micro-batches of "
                        f"{rows // accum} rows: {need}")
     accum *= 2

@@ -24,11 +24,13 @@ def _config(tmp_path: Path, **extra):
 
 
 def _fake_memory(sizes: dict):
-  """memory_of giving `sizes[(remat, whole row?, grad_accum)]` GiB, recording each call."""
+  """memory_of giving `sizes[(remat, whole row?, grad_accum)]` GiB, recording each call (remat
+  "full:k": on the first k layers)."""
   calls = []
 
   def memory_of(c):
-    key = (c.run.remat, c.run.loss_chunk == fit.WHOLE_ROW, c.grad_accum)
+    remat = c.run.remat if c.run.remat_layers is None else f"{c.run.remat}:{c.run.remat_layers}"
+    key = (remat, c.run.loss_chunk == fit.WHOLE_ROW, c.grad_accum)
     calls.append(key)
     return {"total_bytes": int(sizes.get(key, 99) * GIB)}
   return memory_of, calls
@@ -57,13 +59,39 @@ def test_a_compile_refused_for_memory_fits_not_and_other_errors_raise(tmp_path):
     return {"total_bytes": GIB}
   got, tried = fit.fitted(cfg, memory_of, capacity=10 * GIB)
   assert (got.run.remat, got.run.loss_chunk) == ("none", None)
-  assert tried[0] == {"remat": "none", "loss_chunk": fit.WHOLE_ROW, "grad_accum": 1,
-                      "total_bytes": None, "fits": False}
+  assert tried[0] == {"remat": "none", "remat_layers": None, "loss_chunk": fit.WHOLE_ROW,
+                      "grad_accum": 1, "total_bytes": None, "fits": False}
 
   def broken(c):
     raise RuntimeError("INTERNAL: Mosaic failed to compile")
   with pytest.raises(RuntimeError, match="Mosaic"):
     fit.fitted(cfg, broken, capacity=10 * GIB)
+
+
+def test_full_remat_on_the_fewest_layers_that_fit_when_no_remat_just_misses(tmp_path):
+  """No remat (chunked loss) 10 GiB, full remat 6: with 9 allowed, a quarter of the 4 layers'
+  share must go, so remat on 1 layer (no remat's loss chunk) is compiled and kept; where it
+  does not fit after all, full remat on every layer is."""
+  cfg = _config(tmp_path, **{"model.n_layers": "4"})
+  sizes = {("none", False, 1): 10, ("full", True, 1): 6, ("full:1", False, 1): 8.9}
+  memory_of, calls = _fake_memory(sizes)
+  got, tried = fit.fitted(cfg, memory_of, capacity=10 * GIB)
+  assert calls[-2:] == [("full", True, 1), ("full:1", False, 1)]
+  assert (got.run.remat, got.run.remat_layers, got.run.loss_chunk) == ("full", 1, None)
+  assert tried[-1]["remat_layers"] == 1 and tried[-1]["fits"]
+  got, _ = fit.fitted(cfg, _fake_memory({**sizes, ("full:1", False, 1): 9.5})[0],
+                      capacity=10 * GIB)
+  assert (got.run.remat, got.run.remat_layers, got.run.loss_chunk) == ("full", None,
+                                                                       fit.WHOLE_ROW)
+  # nothing to estimate from (no remat never compiled): no partial candidate
+  memory_of, _ = _fake_memory({("full", True, 1): 6})
+
+  def refused_without_remat(c):
+    if c.run.remat == "none":
+      raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in HBM")
+    return memory_of(c)
+  got, tried = fit.fitted(cfg, refused_without_remat, capacity=10 * GIB)
+  assert got.run.remat_layers is None and all(t["remat_layers"] is None for t in tried)
 
 
 def test_micro_batches_when_no_candidate_fits_and_one_line_when_nothing_does(tmp_path):

@@ -23,7 +23,8 @@ from conftest import MICRO, compiled_micro_model
 # model is the micro default ("auto": no remat, no scan)
 VARIANTS = [dict(remat="full", scan_layers=False), dict(remat="full"),  # "auto" scans
             dict(scan_layers=True, remat="save_matmuls"),
-            dict(scan_layers=True)]
+            dict(scan_layers=True),
+            dict(remat="full", remat_layers=1)]  # the first of two layers: unscanned
 
 
 def variant(model, **settings):
@@ -103,6 +104,12 @@ def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
     pf.RunControl(remat="dots")
   with pytest.raises(ValueError, match="scan_layers must be True, False or 'auto', got 1"):
     pf.RunControl(scan_layers=1)
+  with pytest.raises(ValueError, match=r"remat_layers must be an int >= 1 or None"):
+    pf.RunControl(remat_layers=0)
+  scanned = variant(two_stream()[0], remat="full", remat_layers=1, scan_layers=True)
+  with pytest.raises(ValueError, match=r"scan_layers=True scans one layer program; "
+                                       r"run.remat_layers=1 of 2 layers needs them unscanned"):
+    scanned(jnp.zeros((1, 4), jnp.int32), jnp.arange(4)[None], masks.causal(jnp.array([4]), 4))
 
 
 @pytest.mark.fast
@@ -118,3 +125,9 @@ def test_auto_remats_and_scans_real_size_training_calls_only():
   assert not auto.scans(real, cached=True)  # decode steps never stack the weights
   assert pf.RunControl(remat="full").scans(small, cached=False)
   assert not pf.RunControl(scan_layers=False).scans(real, cached=False)
+  # remat on the first k layers: the others keep everything, and the layers run unscanned
+  some = pf.RunControl(remat="full", remat_layers=1)
+  assert [some.layer_remat(small, i) for i in range(2)] == ["full", "none"]
+  assert not some.scans(small, cached=False) and some.resolved(small, 16)["remat_layers"] == 1
+  every = pf.RunControl(remat="full", remat_layers=2)  # every layer: as without the field
+  assert every.scans(small, cached=False) and "remat_layers" not in every.resolved(small, 16)

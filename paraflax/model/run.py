@@ -16,6 +16,10 @@ them.
                whose step fits the device by XLA's memory analysis (`training/run/fit.py`);
                otherwise (`remat_policy`) "full" when a row's activations exceed
                `REMAT_BUDGET` (every real-size model), else "none" (the demo and test models).
+  remat_layers how many layers `remat` applies to, the first ones (`layer_remat`); the others
+               keep every activation (None: all). The memory fit sets it when no remat does
+               not fit and remat "full" on every layer is more than the step needs
+               (`fit.py`). Layers that differ run unscanned.
   scan_layers  True runs the layers as one `lax.scan` over their weights stacked at call
                time (the parameter tree keeps one entry per layer): one compiled layer, and a
                backward pass that recomputes one layer at a time, which XLA's CPU scheduler
@@ -63,6 +67,7 @@ class RunControl:
   scan_layers: bool | str = "auto"  # True | False | "auto"
   loss_chunk: int | None = None  # None: auto
   platform: str | None = None  # None: the process's default backend
+  remat_layers: int | None = None  # None: every layer
 
   def __post_init__(self):
     if self.attention not in IMPLEMENTATIONS:
@@ -80,6 +85,11 @@ class RunControl:
                                         or self.loss_chunk < 1):
       raise ValueError(f"run.loss_chunk must be an int >= 1 or None (auto), "
                        f"got {self.loss_chunk!r}")
+    if self.remat_layers is not None and (isinstance(self.remat_layers, bool)
+                                          or not isinstance(self.remat_layers, int)
+                                          or self.remat_layers < 1):
+      raise ValueError(f"run.remat_layers must be an int >= 1 or None (every layer), "
+                       f"got {self.remat_layers!r}")
 
   def backend(self) -> str:
     """The platform the run control resolves for: `platform`, else the default backend."""
@@ -95,6 +105,17 @@ class RunControl:
     per_token = (4 * cfg.d_model + 3 * cfg.d_ff) * jnp.dtype(cfg.compute_dtype).itemsize
     return "full" if cfg.n_layers * cfg.max_seq_len * per_token > REMAT_BUDGET else "none"
 
+  def layer_remat(self, cfg: ModelConfig, i: int) -> str:
+    """The resolved remat of layer `i`: `remat_policy`'s for the first `remat_layers`, "none"
+    after them."""
+    return ("none" if self.remat_layers is not None and i >= self.remat_layers
+            else self.remat_policy(cfg))
+
+  def partial(self, cfg: ModelConfig) -> bool:
+    """Whether the layers' remat differs between them (`remat_layers` below the layers)."""
+    return (self.remat_layers is not None and self.remat_layers < cfg.n_layers
+            and self.remat_policy(cfg) != "none")
+
   def attention_for(self, cfg: ModelConfig, rows: int, cached: bool = False) -> str:
     """The attention `attention` resolves to for a call of `cfg`'s model with `rows` query
     rows (over a cache when `cached`) on `backend()`; "kernel|fallback" where it falls back
@@ -106,15 +127,16 @@ class RunControl:
   def resolved(self, cfg: ModelConfig, rows: int) -> dict:
     """This run control with "auto" resolved for a training call of `cfg`'s model on rows of
     `rows` tokens, and the platform it resolved for (what a workdir records)."""
+    partial = {"remat_layers": self.remat_layers} if self.partial(cfg) else {}
     return {"attention": self.attention_for(cfg, rows), "remat": self.remat_policy(cfg),
-            "scan_layers": self.scans(cfg, cached=False), "platform": self.backend()}
+            **partial, "scan_layers": self.scans(cfg, cached=False), "platform": self.backend()}
 
   def scans(self, cfg: ModelConfig, cached: bool) -> bool:
     """`scan_layers` with "auto" resolved for one call of `cfg`'s model: scan a cache-free
-    call when remat applies, never a call over a cache."""
+    call when remat applies to every layer, never a call over a cache."""
     if self.scan_layers != "auto":
       return self.scan_layers
-    return not cached and self.remat_policy(cfg) != "none"
+    return not cached and self.remat_policy(cfg) != "none" and not self.partial(cfg)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RunControl))

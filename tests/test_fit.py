@@ -11,7 +11,7 @@ import pytest
 
 from paraflax.model.run import RunControl
 from paraflax.training.run import fit, optim
-from paraflax.training.run.dry_run import abstract_batch, fit_to_device
+from paraflax.training.run.dry_run import abstract_batch, fit_to_device, lower_step
 from paraflax.training.run.step import init_opt_state, init_params, stack_params
 from test_dry_run import micro
 
@@ -134,3 +134,20 @@ def test_the_fitted_step_compiles_with_real_memory_and_runs_on_real_arrays(tmp_p
   assert np.isfinite(float(metrics["loss"]))
   with pytest.raises(ValueError, match="does not fit"):
     fit_to_device(_config(tmp_path), capacity=1024)
+
+
+def test_the_step_returned_is_the_kept_candidates_not_the_last_compiled(tmp_path, monkeypatch):
+  """A candidate compiled after the kept one (remat on fewer layers that did not fit) is not
+  the executable returned with the kept config."""
+  base = _config(tmp_path)
+  later = dataclasses.replace(base, run=dataclasses.replace(base.run, remat="full"))
+
+  def fitted(cfg, memory_of, capacity):
+    memory_of(cfg)
+    memory_of(later)
+    return cfg, []
+  monkeypatch.setattr(fit, "fitted", fitted)
+  cfg, _, compiled = fit_to_device(base, capacity=GIB)
+  assert cfg == base
+  text = lambda c: lower_step(c, None)[0].compile().as_text()
+  assert compiled.as_text() == text(base) != text(later)

@@ -95,13 +95,13 @@ def fit_to_device(cfg: TrainConfig, mesh=None, capacity: int | None = None):
   chosen step compiled or None): each candidate compiled on `mesh` with abstract shapes,
   against `capacity` bytes per device (None: this process's device; on the CPU, which
   reports none, `cfg` is returned as it is)."""
-  compiled = []
+  compiled = []  # (candidate, its compiled step)
 
   def memory_of(c):
-    compiled.append(lower_step(c, mesh)[0].compile())
-    return memory_report(compiled[-1])
+    compiled.append((c, lower_step(c, mesh)[0].compile()))
+    return memory_report(compiled[-1][1])
   cfg, tried = fit.fitted(cfg, memory_of, fit.device_memory() if capacity is None else capacity)
-  return cfg, tried, compiled[-1] if compiled else None
+  return cfg, tried, next((step for c, step in reversed(compiled) if c == cfg), None)
 
 
 def dry_run(cfg: TrainConfig) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from paraflax import decoders
 from paraflax.decoding import core
-from paraflax.hlo import computations
+from paraflax.hlo import Instruction, computations
 from paraflax.model.run import RunControl
 from paraflax.perf.compile import costs, kernels, targets
 from paraflax.perf.compile import run as compile_run
@@ -125,6 +125,26 @@ def test_kernels_counted_on_a_hand_built_program():
   counted = kernels.Program(unknown, "gpu").count()
   # an unknown trip count: body and condition counted once, and its predicate is a sync
   assert counted.kernels == 3 + 1 + 1 + 3 + 1 and counted.syncs == 2
+
+
+@pytest.mark.fast
+def test_a_splash_call_with_tokamax_causal_mask_is_costed_half_the_square():
+  """splash takes a causal mask as its static `CausalMask` (the grid leaves out the tiles
+  above the diagonal); tokamax names the mask in the call's metadata, a bool mask as data."""
+  payload = lambda mask: (r'metadata={op_name="attention" metadata_payload="tokamax:{\"arguments'
+                          rf'\":{{\"mask\":{{{mask}}}}}}}"}}')
+  shapes = {"q": "bf16[14,4096,64]{2,1,0}", "k": "bf16[2,4096,64]{2,1,0}",
+            "v": "bf16[2,4096,64]{2,1,0}"}
+
+  def flops(mask):
+    rest = (f'%q, %k, %v), custom_call_target="tpu_custom_call", '
+            + payload(mask))
+    return costs.custom_call_flops(
+        Instruction("splash_mha_fwd_residuals.3", "bf16[14,4096,64]{2,1,0}", "custom-call",
+                    rest), shapes)
+  square = 4.0 * 14 * 4096 * 64 * 4096
+  assert flops(r'\"bool_mask\":null,\"causal_mask\":null') == square
+  assert flops(r'\"bool_mask\":null,\"causal_mask\":{\"offset\":0}') == square / 2
 
 
 @pytest.mark.fast

@@ -7,7 +7,8 @@ program does not look cheaper the more of its work moves into custom calls.
                          decode layer's and the greedy head's matmuls (`MATMULS`): 2 x rows
                          x their weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
-                         dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal;
+                         dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
+                         (cuDNN's backend config; splash's tokamax metadata);
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
                          its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
@@ -46,6 +47,9 @@ _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 MATMULS = {**{name: ((0,), w) for name, w in decode_layer.WEIGHTS.items()},
            greedy_head.KERNEL_NAME: ((0, 2), (1,))}
 _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
+# tokamax names its op's arguments in the call's metadata: a causal mask there is splash's
+# static `CausalMask`, whose tiles above the diagonal the kernel's grid leaves out
+_TOKAMAX_CAUSAL = re.compile(r'causal_mask\\?":\{')
 
 
 def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -196,7 +200,8 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
     target = (ins.attribute("custom_call_target") or "") + " " + (kind or "")
     if _BACKWARD.search(target):
       flops *= 2.5
-    if re.search(r"causal", ins.attribute("backend_config") or "", re.I):
+    config = ins.attribute("backend_config") or ""
+    if re.search(r"causal", config, re.I) or _TOKAMAX_CAUSAL.search(ins.rest):
       flops /= 2
     return flops
   return 0.0

@@ -334,10 +334,12 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
       mix, layers = by["train", name]["kernel_mix"], 2  # the micro shape's layers
       assert mix.get(kernel, 0) >= layers and "conditional" not in mix, (name, mix)
       assert by["train", name]["host_syncs_per_step"] == 0
-      # the memory fit: the candidates before the one compiled did not fit, it did
-      *rejected, kept = by["train", name]["fit"]
-      assert kept["fits"] and not any(c["fits"] for c in rejected)
-      assert kept["remat"] == by["train", name]["run_control"]["remat"]
+      # the memory fit: none fitted before the first that fits; the one compiled (the last
+      # tried: that one, or remat on fewer layers after it) fits
+      fit = by["train", name]["fit"]
+      first = next(i for i, c in enumerate(fit) if c["fits"])
+      assert fit[-1]["fits"] and len(fit) - first <= 2
+      assert fit[-1]["remat"] == by["train", name]["run_control"]["remat"]
     assert train["host_syncs_per_step"] == 0 and train["run_control"]["platform"] == (
         "gpu" if target == "h200" else "tpu")
     assert train["flops_per_step"] >= train["model_flops_per_step"] > 0

@@ -63,7 +63,7 @@ def _partial(cfg: TrainConfig, full: TrainConfig, tried: list[dict],
   k = math.ceil(n * (t0 - limit) / (t0 - t1)) if t0 > t1 else n
   if k >= n:
     return None
-  run = dataclasses.replace(full.run, remat_layers=max(k, 1), loss_chunk=none[-1]["loss_chunk"])
+  run = dataclasses.replace(full.run, remat_layers=k, loss_chunk=none[-1]["loss_chunk"])
   return dataclasses.replace(full, run=run)
 
 

@@ -106,7 +106,8 @@ def test_remat_and_scan_are_run_control_and_a_bad_value_is_one_line():
     pf.RunControl(scan_layers=1)
   with pytest.raises(ValueError, match=r"remat_layers must be an int >= 1 or None"):
     pf.RunControl(remat_layers=0)
-  scanned = variant(two_stream()[0], remat="full", remat_layers=1, scan_layers=True)
+  scanned = pf.Transformer(pf.ModelConfig(**MICRO), rngs=nnx.Rngs(0), run=pf.RunControl(
+      remat="full", remat_layers=1, scan_layers=True))
   with pytest.raises(ValueError, match=r"scan_layers=True scans one layer program; "
                                        r"run.remat_layers=1 of 2 layers needs them unscanned"):
     scanned(jnp.zeros((1, 4), jnp.int32), jnp.arange(4)[None], masks.causal(jnp.array([4]), 4))

@@ -137,8 +137,7 @@ def test_a_splash_call_with_tokamax_causal_mask_is_costed_half_the_square():
             "v": "bf16[2,4096,64]{2,1,0}"}
 
   def flops(mask):
-    rest = (f'%q, %k, %v), custom_call_target="tpu_custom_call", '
-            + payload(mask))
+    rest = '%q, %k, %v), custom_call_target="tpu_custom_call", ' + payload(mask)
     return costs.custom_call_flops(
         Instruction("splash_mha_fwd_residuals.3", "bf16[14,4096,64]{2,1,0}", "custom-call",
                     rest), shapes)

@@ -269,8 +269,9 @@ class Transformer(nnx.Module):
     x = self.embed[...][tokens_BxT].astype(dt)
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
+    remats = [self.run.layer_remat(cfg, i) for i in range(cfg.n_layers)]
     calls = {remat: _layer_call(remat, self.run.attention, self.run.backend(), inv_freq, t)
-             for remat in {self.run.layer_remat(cfg, i) for i in range(cfg.n_layers)}}
+             for remat in set(remats)}
     if self.run.scans(cfg, cached=cache is not None):
       if len(calls) > 1:
         raise ValueError(f"run.scan_layers=True scans one layer program; run.remat_layers="
@@ -282,8 +283,7 @@ class Transformer(nnx.Module):
       for i, layer in enumerate(self.layers):
         # the whole stack and the layer's index: a kernel reads the layer in place
         layer_cache = None if cache is None else CacheLayer(cache.k, cache.v, i)
-        call = calls[self.run.layer_remat(cfg, i)]
-        x, (k, v) = call(layer, x, positions_BxT, mask, layer_cache)
+        x, (k, v) = calls[remats[i]](layer, x, positions_BxT, mask, layer_cache)
         ks.append(k)
         vs.append(v)
       ks, vs = jnp.stack(ks), jnp.stack(vs)

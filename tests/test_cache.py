@@ -1,11 +1,13 @@
 """`commit` appends any chosen chunk rows at each row's length; the spare slot absorbs the rest."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import paraflax as pf
 from conftest import MICRO
+from paraflax.model.cache import TPU_SPARE
 
 pytestmark = pytest.mark.fast
 
@@ -30,17 +32,24 @@ def test_commit_appends_chosen_rows_per_row():
   assert out.capacity == 6 and out.slots == 7
 
 
-@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("n", [1, 3, TPU_SPARE + 4])
 def test_a_tpu_cache_commits_as_the_scatter_does(n):
   """A TPU's cache (`slices`) writes each row's window of n slots by dynamic slices: every
   committed slot equals the scatter's, for rows that keep all, some or none of their
-  entries, near the last slot (a window clamped back over committed slots) and full."""
+  entries, near the capacity and full. Up to `TPU_SPARE` entries the window starts at the
+  row's length and nothing is read; past them the window is read first, and near the
+  last slot it is clamped back over committed slots."""
   cfg = pf.ModelConfig(**{**MICRO, "n_layers": 2, "n_kv_heads": 1, "head_dim": 2, "n_heads": 1,
                           "d_model": 2})
   lengths = jnp.array([0, 3, 6, 5, 4])
   scatter = pf.init_cache(cfg, 5, 6).replace(lengths=lengths)
   sliced = pf.init_cache(cfg, 5, 6, backend="tpu").replace(lengths=lengths)
   assert sliced.slices and not scatter.slices
+  assert sliced.capacity == scatter.capacity == 6 and sliced.slots == 6 + TPU_SPARE
+  reads = "dynamic_slice" in str(jax.make_jaxpr(pf.commit)(
+      sliced, pf.ChunkKV(k=jnp.zeros((2, 5, 4, 1, 2)), v=jnp.zeros((2, 5, 4, 1, 2))),
+      jnp.zeros((5, n), jnp.int32), jnp.zeros((5,), jnp.int32)))
+  assert reads == (n > TPU_SPARE)
   rng = np.random.default_rng(n)
   for step in range(4):
     values = jnp.arange(2 * 5 * 4, dtype=jnp.float32).reshape(2, 5, 4, 1, 1) + 100.0 * step

@@ -63,6 +63,30 @@ def test_four_steps_per_iteration_equal_ar_and_the_python_loop(models, name):
   assert np.all(np.asarray(out.lengths) <= N_NEW)
 
 
+def _on_tpu(model):
+  """A copy of `model` run as on a TPU (`RunControl(platform="tpu")`), on this machine."""
+  copy = nnx.eval_shape(lambda: pf.Transformer(model.cfg, rngs=nnx.Rngs(0),
+                                               run=pf.RunControl(platform="tpu")))
+  nnx.update(copy, nnx.state(model))
+  return copy
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("name", ["jacobi", "jacobi-mr", "deer", "tidar"])
+def test_a_tpu_loop_writes_its_windows_unread_and_equals_ar(models, name):
+  """Run as on a TPU, a loop's cache commits by windows and has `TPU_SPARE` spare slots, so
+  each step writes its window whole, past what it keeps (`cache.commit`): the tokens are
+  still greedy AR's."""
+  target = models[0]
+  decoder, draft = decoder_case(name, models)
+  eos = int(pf.generate(target, PROMPTS, max_new_tokens=N_NEW).tokens[1, 5])
+  ar = pf.generate(target, PROMPTS, max_new_tokens=N_NEW, eos_id=eos)
+  out = pf.generate(_on_tpu(target), PROMPTS, decoder=decoder, max_new_tokens=N_NEW,
+                    eos_id=eos, draft_model=None if draft is None else _on_tpu(draft))
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.lengths, ar.lengths)
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("name", ["ar", "tidar"])  # TiDAR keeps its drafts' q in the state
 def test_sampling_draws_the_same_tokens_at_any_steps_per_iter(models, name):

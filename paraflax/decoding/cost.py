@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from paraflax import hlo
 from paraflax.decoding import checks, core
 from paraflax.decoding import state as st
+from paraflax.model.cache import cache_slots
 
 _HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _COSTS = ("bytes accessed", "flops", "transcendentals")
@@ -121,7 +122,7 @@ def step_cost(model, decoder=None, *, batch: int = 1, cache_len: int = 256,
   text = _loop.lower(fwd, draft, decoder, *args, max_new_tokens=max_new_tokens,
                     steps_per_iter=unroll).compile().as_text()
   compile_s = time.perf_counter() - start
-  slots = decoder.cache_capacity(cache_len, max_new_tokens) + 1  # + the spare slot
+  slots = cache_slots(decoder.cache_capacity(cache_len, max_new_tokens), model.run.backend())
   comps, entry = hlo.computations(text)
   body = loop_body(comps, entry, cache_shape(cfg, batch, slots))
   cost, ops = _analyse(text, comps, body)

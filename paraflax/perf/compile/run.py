@@ -134,6 +134,7 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
 
   from paraflax.decoding.cost import bytes_at, cache_bytes, cache_shape, loop_body
   from paraflax.hlo import computations
+  from paraflax.model.cache import cache_slots
   from paraflax.model.run import RunControl
   from paraflax.perf.decode import drafter_config
   from paraflax.perf.shapes import model_config
@@ -156,7 +157,7 @@ def decode_rows(plan: CompilePlan, target: targets.Target, head: dict, add, log,
         save_hlo(plan, f"decode_{asked.replace(':', '')}_{b}x{plan.cache_len}_{per}steps",
                  compiled.text)
         comps, entry = computations(compiled.text)
-        slots = decoder.cache_capacity(prompt, plan.new_tokens) + 1
+        slots = cache_slots(decoder.cache_capacity(prompt, plan.new_tokens), target.platform)
         local = b // target.chips if b % target.chips == 0 else b  # rows split over the chips
         body = loop_body(comps, entry, cache_shape(cfg, local, slots))
         loop = next(i.name for i in comps[entry] if i.op == "while"

@@ -72,7 +72,8 @@ def _on_tpu(model):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("name", ["jacobi", "jacobi-mr", "deer", "tidar"])
+@pytest.mark.parametrize("name", ["jacobi", "jacobi-mr", "prompt-lookup", "speculative", "deer",
+                                  "tidar"])
 def test_a_tpu_loop_writes_its_windows_unread_and_equals_ar(models, name):
   """Run as on a TPU, a loop's cache commits by windows and has `TPU_SPARE` spare slots, so
   each step writes its window whole, past what it keeps (`cache.commit`): the tokens are

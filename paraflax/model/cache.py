@@ -92,14 +92,15 @@ def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Arra
 
   A cache with `slices` (a TPU's) writes each row's window of n slots from its length with a
   dynamic slice instead: XLA:TPU lays a scatter's cache out slots-major, attention reads it
-  slots-minor, and the loop copied the whole cache between the two every step. Where the
-  cache has n spares (`TPU_SPARE`: every step of a decode loop) the window starts at the
-  row's length and is written whole: its slots past the kept entries are past the new length,
-  where nothing reads. Otherwise (a prefill's commit) the window holds the row's kept entries
-  and, elsewhere, what its slots held (a window that would run past the last slot starts
-  earlier, over committed slots it leaves as they were; entries that do not fit are dropped,
-  as the scatter drops them into the spare slot). Every commit needs each row's new length
-  within the capacity, as the decoders size their caches.
+  slots-minor, and the loop copied the whole cache between the two every step. Each row's
+  entries are gathered from its own chunk row (a gather over all rows relaid out the chunk's
+  K and V every step). Where the cache has at least n spares (`TPU_SPARE`: every step of a
+  decode loop) the window starts at the row's length and is written whole: its slots past the
+  kept entries are past the new length, where nothing reads. Otherwise (a prefill's commit)
+  the window holds the row's kept entries and, elsewhere, what its slots held (a window that
+  would run past the last slot starts earlier, over committed slots it leaves as they were;
+  entries that do not fit are dropped, as the scatter drops them into the spare slot). Every
+  commit needs each row's new length within the capacity, as the decoders size their caches.
   """
   b, n = src_BxN.shape
   lengths = cache.lengths + count_B.astype(jnp.int32)

@@ -35,7 +35,11 @@ class KVCache:
   lengths: jax.Array = axes("batch")  # [B] int32: slots [0, lengths) hold committed keys
   # commit each row's window of slots by dynamic slices, not a scatter (a TPU's: `commit`)
   slices: bool = struct.field(pytree_node=False, default=False)
-  spare: int = struct.field(pytree_node=False, default=1)  # slots past the capacity
+
+  @property
+  def spare(self) -> int:
+    """Slots past the capacity: `TPU_SPARE` for a TPU's cache (`slices`), else one."""
+    return TPU_SPARE if self.slices else 1
 
   @property
   def slots(self) -> int:
@@ -71,16 +75,15 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int,
   Under `sharding.use_mesh` (inside jit) it is sharded: batch over (data, fsdp), kv heads
   over tensor, each only where the axis sizes divide it.
   """
-  slots = cache_slots(capacity, backend)
-  shape = (cfg.n_layers, batch, slots, cfg.n_kv_heads, cfg.dim_per_head)
+  shape = (cfg.n_layers, batch, cache_slots(capacity, backend), cfg.n_kv_heads,
+           cfg.dim_per_head)
   return constrain(KVCache(k=jnp.zeros(shape, cfg.compute_dtype),
                            v=jnp.zeros(shape, cfg.compute_dtype),
-                           lengths=jnp.zeros((batch,), jnp.int32), slices=backend == "tpu",
-                           spare=slots - capacity))
+                           lengths=jnp.zeros((batch,), jnp.int32), slices=backend == "tpu"))
 
 
 def cache_slots(capacity: int, backend: str | None = None) -> int:
-  """S of a cache with `capacity` usable slots for `backend` (`init_cache`)."""
+  """S of a cache with `capacity` usable slots for `backend` (`init_cache`, `KVCache.spare`)."""
   return capacity + (TPU_SPARE if backend == "tpu" else 1)
 
 

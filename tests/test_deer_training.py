@@ -4,6 +4,7 @@ logits = a decoding forward over the prefix's KV cache), the "ar" objective on t
 configs, demo stages, and short trainer / CLI runs."""
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -57,9 +58,14 @@ def stream():
 
 
 @pytest.fixture(scope="module")
-def whole(model, stream, tmp_path_factory):
-  return tch.load(tch.collect(model, StubTokenizer(), stream, tmp_path_factory.mktemp("t") / "a", TEACH,
-                              progress=False))
+def teacher_store(model, stream, tmp_path_factory):
+  return tch.collect(model, StubTokenizer(), stream, tmp_path_factory.mktemp("t") / "a", TEACH,
+                     progress=False)
+
+
+@pytest.fixture(scope="module")
+def whole(teacher_store):
+  return tch.load(teacher_store)
 
 
 @pytest.mark.fast
@@ -108,6 +114,20 @@ def test_teacher_store_resumes_after_a_crash_and_refuses_other_settings(model, s
                 dataclasses.replace(TEACH, answer_len=model.cfg.max_seq_len), progress=False)
 
 
+@pytest.mark.fast
+def test_the_trainer_takes_stage1s_longest_prompt_from_the_teacher_store(teacher_store):
+  """The store fixes Stage I's `prompt_len` (where its rows' answers start once aligned); Stage
+  II and AR on the same rows take no such argument, and get none."""
+  from paraflax.training.config.train import apply_overrides
+  cfg = apply_overrides(load_config("deer_drafter_stage1"), {
+      "data_source_args.path": str(teacher_store), "data.seq_len": 12})
+  assert dict(cfg.with_row_args().objective_args)["prompt_len"] == TEACH.max_prompt_len
+  with pytest.raises(ValueError, match="objective_args.prompt_len=9, but the 'teacher' rows"):
+    apply_overrides(cfg, {"objective_args.prompt_len": 9}).with_row_args()
+  stage2 = apply_overrides(cfg, {"objective": "deer_stage2"})
+  assert stage2.with_row_args() == stage2
+
+
 # ---- Stage I ----
 
 @pytest.mark.fast
@@ -137,6 +157,34 @@ def test_stage1_row_by_hand(drafter):
   hits = [int(jnp.argmax(logits[0, 4]) == 21), int(jnp.argmax(logits[0, 6]) == 23)]
   np.testing.assert_allclose(m["accuracy"], np.mean(hits))
   np.testing.assert_allclose(m["first_accuracy"], hits[0])
+
+
+@pytest.mark.fast
+def test_stage1_rows_aligned_at_the_longest_prompt_give_the_same_loss_and_gradients(drafter):
+  """With `prompt_len` (the store's longest prompt) every row's answer starts at that slot, the
+  slots before its prompt padding: the same tokens at the same positions under the same mask,
+  so the loss and its gradients are the unaligned rows' (float32, highest)."""
+  rng = np.random.default_rng(4)
+  batch = {"tokens": jnp.asarray(rng.integers(4, 48, (3, 12)), jnp.int32),  # answers <= 12 - 5
+           "prompt_lens": jnp.array([2, 5, 3]), "lengths": jnp.array([9, 12, 7])}
+  graphdef, params = nnx.split(drafter)
+  key = jax.random.key(0)
+
+  def loss(p, **args):
+    return deer.deer_stage1_loss(nnx.merge(graphdef, p), batch, key, **args)[0]
+
+  with jax.default_matmul_precision("highest"):
+    want = jax.value_and_grad(loss)(params)
+    got = jax.value_and_grad(functools.partial(loss, prompt_len=5))(params)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  rows = deer.answers_aligned(deer.layout(batch["tokens"], batch["lengths"],
+                                          batch["prompt_lens"], SEP), batch["prompt_lens"], 5)
+  assert rows["tokens"][:, 5].tolist() == [SEP] * 3  # cut at the prompt: SEP, at slot 5
+  assert rows["valid"][0].tolist() == [False] * 3 + [True] * 10  # its 9 tokens and SEP
+  assert rows["positions"][0, 3:6].tolist() == [0, 1, 2]
+  with pytest.raises(ValueError, match="prompt_len=12 must be in"):
+    loss(params, prompt_len=12)
 
 
 @pytest.mark.fast

@@ -93,6 +93,8 @@ def test_jacobi_forcing_pairs_are_its_mask(prompt, blocks, n):
   row = jf.example(np.arange(prompt) + 4, np.full((blocks, n), 5), np.full((blocks, n), 6), length)
   mask = masks.noise_aware(jnp.asarray(row["kinds"])[None], jnp.asarray(row["valid"])[None])
   assert pairs("jacobi_forcing", length, prompt_len=prompt) == mask.sum()
+  # the objective's own prompt_len (the rows' prompt region), where given
+  assert objective_work(CFG, "jacobi_forcing", length, {"prompt_len": prompt}).pairs == mask.sum()
   work = objective_work(CFG, "jacobi_forcing", length, {"consistency": "hard"})
   assert work.teacher_rows == 0  # the detached teacher head runs for "soft" only
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from paraflax.model import masks
+from paraflax.model import mask_structure as ms
 from paraflax.training.objectives import jacobi_forcing as jf
 from conftest import StubTokenizer
 
@@ -41,12 +42,12 @@ def test_suffix_noise_counts_every_token_after_the_first_divergence():
 
 
 @pytest.mark.fast
-def test_packing_interleaves_blocks_and_pairs_share_positions():
+def test_packing_puts_the_streams_apart_and_pairs_share_positions():
   p = jf.pack(np.array([7, 8]), np.array([[1, 9], [3, 9]]), np.array([[1, 2], [3, 4]]))
-  assert p.tokens.tolist() == [7, 8, 1, 9, 1, 2, 3, 9, 3, 4]
-  assert p.positions.tolist() == [0, 1, 2, 3, 2, 3, 4, 5, 4, 5]
-  assert p.kinds.tolist() == [0, 0, 1, 1, 2, 2, 1, 1, 2, 2]
-  assert p.blocks.tolist() == [-1, -1, 0, 0, 0, 0, 1, 1, 1, 1]
+  assert p.tokens.tolist() == [7, 8, 1, 9, 3, 9, 1, 2, 3, 4]
+  assert p.positions.tolist() == [0, 1, 2, 3, 4, 5, 2, 3, 4, 5]
+  assert p.kinds.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+  assert p.blocks.tolist() == [-1, -1, 0, 0, 1, 1, 0, 0, 1, 1]
 
 
 @pytest.mark.fast
@@ -58,12 +59,12 @@ def test_noise_aware_mask_equals_the_hand_built_one():
       "1100000000",  # p
       "1110000000",  # n1: prompt, itself causally
       "1111000000",
-      "1100100000",  # c1: prompt, itself (not n1)
-      "1100110000",
-      "1111001000",  # n2: prompt, n1, itself
-      "1111001100",
-      "1100110010",  # c2: prompt, c1, itself
-      "1100110011"]])
+      "1111100000",  # n2: prompt, n1, itself
+      "1111110000",
+      "1100001000",  # c1: prompt, itself (not the noisy stream)
+      "1100001100",
+      "1100001110",  # c2: prompt, c1, itself
+      "1100001111"]])
   np.testing.assert_array_equal(got, want)
   padded = masks.noise_aware(jnp.array([[0, 1, 2, 0]]), jnp.array([[True, True, True, False]]))
   np.testing.assert_array_equal(padded[0, :, 3], [False, False, False, True])
@@ -140,13 +141,15 @@ def test_example_targets_partners_and_consistency_weights():
   noisy = np.array([[1, 9], [9, 9]])  # block 0 departs at slot 1, block 1 at slot 0
   clean = np.array([[1, 2], [3, 4]])
   ex = jf.example(prompt, noisy, clean, 12)
-  #            p  p  n1 n1 c1 c1 n2 n2 c2 c2 pad pad
-  assert ex["tokens"].tolist() == [7, 8, 1, 9, 1, 2, 9, 9, 3, 4, 0, 0]
-  assert ex["valid"].tolist() == [1] * 10 + [0, 0]
-  assert ex["ar_targets"].tolist() == [8, 1, 0, 0, 2, 3, 0, 0, 4, 0, 0, 0]
-  assert ex["ar_weights"].tolist() == [1, 1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0]
-  assert ex["partner"].tolist() == [0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 10, 11]
-  assert ex["kl_weights"].tolist() == [0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0]
+  # the prompt region is 12 - 2 x 4 slots: the prompt, then padding, so the streams start at 4
+  #                                 p  p pad pad n1 n1 n2 n2 c1 c1 c2 c2
+  assert ex["tokens"].tolist() == [7, 8, 0, 0, 1, 9, 9, 9, 1, 2, 3, 4]
+  assert ex["positions"].tolist() == [0, 1, 0, 0, 2, 3, 4, 5, 2, 3, 4, 5]
+  assert ex["valid"].tolist() == [1, 1, 0, 0] + [1] * 8
+  assert ex["ar_targets"].tolist() == [8, 1, 0, 0, 0, 0, 0, 0, 2, 3, 4, 0]
+  assert ex["ar_weights"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+  assert ex["partner"].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11]
+  assert ex["kl_weights"].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
   with pytest.raises(ValueError, match="more than the row length"):
     jf.example(prompt, noisy, clean, 9)
 
@@ -159,6 +162,10 @@ def test_packed_forward_equals_separate_causal_forwards_of_both_streams(model):
       np.array([[1, 2, 3], [4, 5, 6]])
   ex = {k: jnp.asarray(v)[None] for k, v in jf.example(prompt, noisy, clean, 16).items()}
   packed, _ = model(ex["tokens"], ex["positions"], masks.noise_aware(ex["kinds"], ex["valid"]))
+  # the prompt region is 16 - 2 x 6 = 4 slots: the prompt, one padding slot
+  windowed, _ = model(ex["tokens"], ex["positions"],
+                      ms.noise_aware(ex["kinds"], ex["valid"], prompt_len=4))
+  np.testing.assert_allclose(windowed, packed, atol=1e-6)
 
   def causal(seq):
     t = len(seq)
@@ -166,9 +173,9 @@ def test_packed_forward_equals_separate_causal_forwards_of_both_streams(model):
 
   clean_logits = causal(np.concatenate([prompt, clean.ravel()]))
   noisy_logits = causal(np.concatenate([prompt, noisy.ravel()]))
-  idx = jf.clean_stream(3, 2, 3)
+  idx = np.concatenate([np.arange(3), np.arange(10, 16)])
   np.testing.assert_allclose(packed[0, idx], clean_logits, atol=1e-5)
-  noisy_idx = np.concatenate([np.arange(3), [3, 4, 5, 9, 10, 11]])
+  noisy_idx = np.concatenate([np.arange(3), np.arange(4, 10)])
   np.testing.assert_allclose(packed[0, noisy_idx], noisy_logits, atol=1e-5)
 
 
@@ -211,9 +218,9 @@ def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
   logits, _ = model(batch["tokens"], batch["positions"],
                     masks.noise_aware(batch["kinds"], batch["valid"]))
   logp = np.asarray(jax_log_softmax(logits[0]))
-  # noisy slots from the first divergence: block 0 slots 1, 2 (idx 4, 5) -> fixed point 3, 4;
-  # block 1 slots 0..2 (idx 9..11) -> fixed point 5, 6 and nothing after the last block
-  want = -np.mean([logp[4, 3], logp[5, 4], logp[9, 5], logp[10, 6]])
+  # noisy slots (4..9) from the first divergence: block 0 slots 1, 2 (idx 5, 6) -> fixed point
+  # 3, 4; block 1 slots 0..2 (idx 7..9) -> fixed point 5, 6 and nothing after the last block
+  want = -np.mean([logp[5, 3], logp[6, 4], logp[7, 5], logp[8, 6]])
   np.testing.assert_allclose(m["consistency"], want, rtol=1e-5)
   np.testing.assert_allclose(loss, want + 2 * m["ar_loss"], rtol=1e-5)
   with pytest.raises(ValueError, match="consistency must be"):
@@ -223,3 +230,31 @@ def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
 def jax_log_softmax(x):
   import jax
   return jax.nn.log_softmax(x, -1)
+
+
+@pytest.mark.fast
+def test_the_trainer_takes_the_prompt_region_from_the_store(model, tmp_path):
+  """A run's rows fix Jacobi Forcing's `prompt_len` (its windows' bounds): filled in from the
+  store's meta, a different configured value refused, nothing filled for an objective that
+  does not take it, nor for a dry run before the store exists."""
+  from paraflax.training.config.train import apply_overrides, load_config
+  from paraflax.training.stores import trajectories as tr
+  tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
+  store = tr.collect(model, StubTokenizer(), tokens, tmp_path / "s", tr.CollectConfig(
+      block_size=4, num_blocks=2, examples=4, min_prompt_len=3, max_prompt_len=8, batch_size=4),
+      progress=False)
+  cfg = apply_overrides(load_config("micro_jacobi_forcing"),
+                        {"data_source_args.path": str(store), "data.seq_len": 24})
+  assert dict(cfg.objective_args).get("prompt_len") is None
+  assert dict(cfg.with_row_args().objective_args)["prompt_len"] == 8
+  same = apply_overrides(cfg, {"objective_args.prompt_len": 8})
+  assert same.with_row_args() == same
+  with pytest.raises(ValueError, match=r"objective_args.prompt_len=4, but the 'trajectories' "
+                                       r"rows have prompt_len=8: leave it unset"):
+    apply_overrides(cfg, {"objective_args.prompt_len": 4}).with_row_args()
+  ar = apply_overrides(cfg, {"objective": "ar"})
+  assert ar.with_row_args() == ar
+  missing = apply_overrides(cfg, {"data_source_args.path": str(tmp_path / "none")})
+  assert missing.with_row_args(missing_ok=True) == missing
+  with pytest.raises(FileNotFoundError, match="no trajectory store"):
+    missing.with_row_args()

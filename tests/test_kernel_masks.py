@@ -61,6 +61,18 @@ def _deer_stage2():
                              causal_rows=10)
 
 
+def _deer_stage1():
+  """Stage I rows (prompts of 3 and 5 tokens, cut after 6 and 5) aligned at a longest prompt
+  of 5: the prompt region causal, the answer region over every key."""
+  from paraflax.training.objectives import deer
+  batch = {"tokens": jnp.arange(22).reshape(2, 11) % 7 + 4, "prompt_lens": jnp.array([3, 5]),
+           "lengths": jnp.array([10, 8])}
+  prefix, j = jnp.array([6, 5]), jnp.arange(12)[None]
+  masked = (j > prefix[:, None]) & (j <= batch["lengths"][:, None])
+  rows = deer.stage1_rows(batch, prefix, jnp.array([0.5, 0.5]), masked, 5, 6)
+  return deer.stage1_mask(deer.answers_aligned(rows, batch["prompt_lens"], 5), 5)
+
+
 def _sorted_lattice():
   """Two streams of rows sorted prompt first (prompts of 4 and 2 tokens of 12)."""
   visible = jnp.arange(12)[None] < jnp.array([[4], [2]])
@@ -76,6 +88,10 @@ MASKS = {
     "noise_aware": lambda: ms.noise_aware(
         jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
+    "noise_aware in windows": lambda: ms.noise_aware(
+        jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
+        jnp.arange(12)[None] != jnp.array([[-1], [2]]), prompt_len=4),  # a padded prompt
+    "deer_stage1 in windows": _deer_stage1,
     "tidar_prefill": lambda: ms.tidar_prefill(jnp.array([9, 5]), 9, 3),
     "deer_stage2": _deer_stage2,
     "two streams sorted": _sorted_lattice,
@@ -92,7 +108,7 @@ def _rows_read(mask, block):
   causal mask where the kernel takes no lengths, or of a padded prefix of `causal_rows`; a
   prompt token's query in a `subcausal` query stream."""
   padded = "valid" in mask.queries
-  if any(w[3] for w in mask.windows):  # a subcausal query stream: its prompt rows are unread
+  if "stream" in mask.queries:  # a subcausal query stream: its prompt rows are unread
     return (mask.queries["stream"] == 0) | ~mask.queries["visible"]
   if padded and ((mask.rule is ms.causal_rule and block > 1) or mask.causal_rows):
     return mask.queries["valid"]

@@ -45,6 +45,9 @@ class DataSource(Protocol):
   whose rows have another length (a store's) refuses to open.
   Optional `shapes(data) -> {field: (shape, dtype)}`: one batch's shapes without opening
   anything (`batch_shapes`; what `train --dry-run` compiles with).
+  Optional `objective_args(data) -> {name: value}`: the objective arguments its rows fix
+  (a store's layout), read without opening the rows; FileNotFoundError when there is nothing
+  to read yet (`TrainConfig.with_row_args`).
   """
 
   fields: ClassVar[tuple[str, ...]]

@@ -98,18 +98,20 @@ PROMPT, NOISY, CLEAN = 0, 1, 2  # segment kinds of a packed Jacobi Forcing seque
 
 
 def noise_aware(kinds_BxT: jax.Array, valid_BxT: jax.Array) -> jax.Array:
-  """Jacobi Forcing's noise-aware causal mask over [prompt, noisy_1, clean_1, noisy_2, ...]:
-  `[B, T, T]`. Noisy blocks see the prompt, earlier noisy blocks and themselves causally;
-  clean blocks see the prompt, earlier clean blocks and themselves causally.
+  """Jacobi Forcing's noise-aware causal mask over [prompt, noisy_1, noisy_2, ..., clean_1,
+  clean_2, ...] (`jacobi_forcing.example`): `[B, T, T]`. Noisy blocks see the prompt, earlier
+  noisy blocks and themselves causally; clean blocks see the prompt, earlier clean blocks and
+  themselves causally.
 
-  Since blocks are packed in order, this is: key k <= query q and (k is prompt or k has q's
-  kind). Prompt p p, then noisy n1 n1, clean c1 c1, noisy n2 n2, clean c2 c2 (T = 10):
-      p : 1 . . . . . . . . .      n2: 1 1 1 1 . . 1 . . .
-      p : 1 1 . . . . . . . .      n2: 1 1 1 1 . . 1 1 . .
-      n1: 1 1 1 . . . . . . .      c2: 1 1 . . 1 1 . . 1 .
-      n1: 1 1 1 1 . . . . . .      c2: 1 1 . . 1 1 . . 1 1
-      c1: 1 1 . . 1 . . . . .
-      c1: 1 1 . . 1 1 . . . .
+  Since each stream's blocks are in order, this is: key k <= query q and (k is prompt or k has
+  q's kind), whatever the order of the streams (rows interleaving them, noisy_1, clean_1,
+  noisy_2, ..., get the same rule). Prompt p p, noisy n1 n1 n2 n2, clean c1 c1 c2 c2 (T = 10):
+      p : 1 . . . . . . . . .      c1: 1 1 . . . . 1 . . .
+      p : 1 1 . . . . . . . .      c1: 1 1 . . . . 1 1 . .
+      n1: 1 1 1 . . . . . . .      c2: 1 1 . . . . 1 1 1 .
+      n1: 1 1 1 1 . . . . . .      c2: 1 1 . . . . 1 1 1 1
+      n2: 1 1 1 1 1 . . . . .
+      n2: 1 1 1 1 1 1 . . . .
   """
   t = kinds_BxT.shape[1]
   j = jnp.arange(t)

@@ -33,13 +33,23 @@ def record_row(length: int, vocab: int, rng: np.random.Generator) -> dict:
           "loss_mask": (np.arange(length) >= length // 2).astype(np.int32)}
 
 
+JACOBI_BLOCK = 16  # the synthetic Jacobi Forcing rows' block size
+
+
+def jacobi_prompt_len(length: int, n: int = JACOBI_BLOCK) -> int:
+  """The prompt region of a synthetic Jacobi Forcing row of `length` slots: about an eighth
+  of it, the rest blocks of `n` in two streams (`jacobi_forcing_loss`'s `prompt_len`)."""
+  return length - 2 * n * max(1, (length - length // 8) // (2 * n))
+
+
 @synthetic_rows("trajectories")
-def jacobi_row(length: int, vocab: int, rng: np.random.Generator, n: int = 16) -> dict:
-  """One packed Jacobi Forcing row filling `length`: a prompt, then noisy/clean block pairs
-  (noisy = clean from a random first divergent slot on), through `jacobi_forcing.example`."""
+def jacobi_row(length: int, vocab: int, rng: np.random.Generator, n: int = JACOBI_BLOCK) -> dict:
+  """One packed Jacobi Forcing row filling `length`: a prompt of `jacobi_prompt_len`, then
+  noisy and clean blocks (noisy = clean from a random first divergent slot on), through
+  `jacobi_forcing.example`."""
   from paraflax.training.objectives.jacobi_forcing import example
-  blocks = max(1, (length - length // 8) // (2 * n))
-  p = length - 2 * n * blocks
+  p = jacobi_prompt_len(length, n)
+  blocks = (length - p) // (2 * n)
   clean = rng.integers(0, vocab, (blocks, n))
   first = rng.integers(0, n + 1, blocks)  # n: the block had already converged
   noisy = np.where(np.arange(n)[None] >= first[:, None], rng.integers(0, vocab, (blocks, n)),
@@ -47,11 +57,18 @@ def jacobi_row(length: int, vocab: int, rng: np.random.Generator, n: int = 16) -
   return example(rng.integers(0, vocab, p), noisy, clean, length)
 
 
+def teacher_prompt_len(length: int) -> int:
+  """The longest prompt of synthetic teacher rows of `length` slots (a store's
+  max_prompt_len: `length` less the answer, half of it; `deer_stage1_loss`'s `prompt_len`)."""
+  return length - length // 2
+
+
 @synthetic_rows("teacher")
 def teacher_row(length: int, vocab: int, rng: np.random.Generator) -> dict:
-  """One teacher row: a prompt shorter than its buffer, the answer, right-padded with 0."""
+  """One teacher row: a prompt of three quarters of `teacher_prompt_len`, the answer,
+  right-padded with 0."""
   answer = length // 2
-  p = (length - answer) * 3 // 4
+  p = teacher_prompt_len(length) * 3 // 4
   tokens = np.zeros(length, np.int32)
   tokens[:p + answer] = rng.integers(0, vocab, p + answer)
   return {"tokens": tokens, "prompt_lens": np.int32(p), "lengths": np.int32(p + answer)}

@@ -154,6 +154,31 @@ class TrainConfig:
     """The data source: `data_source` built with `data_source_args`."""
     return get_source(self.data_source, self.data_source_args)
 
+  def with_row_args(self, missing_ok: bool = False) -> TrainConfig:
+    """This config with the objective arguments its data source's rows fix (the optional
+    `DataSource.objective_args`: a store's max_prompt_len, Jacobi Forcing's and DEER Stage
+    I's `prompt_len`) set, where the objective takes them; one set otherwise is refused. With
+    `missing_ok` a source with nothing to read yet (a store not collected, for `train
+    --dry-run`) fixes none."""
+    fixed = getattr(self.source, "objective_args", None)
+    try:
+      fixed = {} if fixed is None else fixed(self.data)
+    except FileNotFoundError:
+      if missing_ok:
+        return self
+      raise
+    args, obj = dict(self.objective_args), objective(self.objective)
+    for k, v in fixed.items():
+      if k in args and args[k] != v:
+        raise ValueError(f"objective_args.{k}={args[k]!r}, but the {self.data_source!r} rows "
+                         f"have {k}={v!r}: leave it unset")
+      try:
+        obj.check_args({**args, k: v})
+      except ValueError:  # an objective that does not take it
+        continue
+      args[k] = v
+    return dataclasses.replace(self, objective_args=args)
+
   @property
   def schedule_steps(self) -> int:
     """The learning-rate schedule's horizon."""

@@ -147,16 +147,57 @@ def stage1_rows(batch, prefix_B, t_B, masked_BxT, mask_id: int, sep_id: int):
   return rows
 
 
+def answers_aligned(rows, prompt_lens_B, prompt_len: int):
+  """Built rows `[B, T]` with each row moved `prompt_len - prompt_lens` slots to the right:
+  every answer starts at slot `prompt_len` (a store's max_prompt_len, whose answers fit the
+  rest of the row), the slots before a row's prompt are padding. Positions travel with the
+  tokens, so the loss is the same."""
+  t = rows["tokens"].shape[1]
+  j = jnp.arange(t)[None, :]
+  shift = prompt_len - prompt_lens_B[:, None]
+  src = jnp.maximum(j - shift, 0)  # slot 0 (prefix: CLEAN, unweighted) fills the padding
+  out = {k: jnp.take_along_axis(v, src, 1) for k, v in rows.items()}
+  out["valid"] = out["valid"] & (j >= shift)
+  return out
+
+
+def stage1_mask(rows, prompt_len: int | None) -> mask_structure.Structured:
+  """A causal-prefix drafter's Stage I attention; with `prompt_len` (rows `answers_aligned`)
+  in two windows: the prompt region sees only keys before it (it is always prefix), under
+  the kernel's causal mask; the answer region, where the cut falls, sees every key."""
+  mask = mask_structure.deer(rows["kinds"], rows["blocks"], rows["valid"], False)
+  if prompt_len is None:
+    return mask
+  t = rows["tokens"].shape[1]
+  return dataclasses.replace(mask, windows=((0, prompt_len, ((0, prompt_len),), True),
+                                            (prompt_len, t, None, False)))
+
+
 @register_objective("deer_stage1", fields=FIELDS, source="teacher")
-def deer_stage1_loss(model, batch, rng, eps: float = 1e-3):
+def deer_stage1_loss(model, batch, rng, eps: float = 1e-3, prompt_len: int | None = None):
   """Stage I: truncate each teacher row inside its answer, insert SEP, mask the rest of the
-  answer at a per-row rate t and reconstruct the masked tokens (masked-diffusion CE, 1/t)."""
+  answer at a per-row rate t and reconstruct the masked tokens (masked-diffusion CE, 1/t).
+
+  `prompt_len`: the rows' longest prompt (the teacher store's max_prompt_len; the trainer
+  takes it from the store, `TeacherData.objective_args`). With it, and a causal prefix, the
+  rows are `answers_aligned` and a kernel attends the prompts under its causal mask
+  (`stage1_mask`); without it the whole row under one dense mask."""
   mask_id, sep_id = _check_ids(model, "deer_stage1")
   _check_batch(batch, "deer_stage1")
   prefix, t, masked = stage1_draws(rng, batch["prompt_lens"], batch["lengths"],
                                    batch["tokens"].shape[1], eps)
   rows = stage1_rows(batch, prefix, t, masked, mask_id, sep_id)
-  return block_loss(model, forward(model, rows, hidden=True), rows, rows["weights"], masked)
+  rows["masked"] = masked
+  if bidirectional(model) or prompt_len is None:
+    hidden = forward(model, rows, hidden=True)
+  else:
+    if not 0 < prompt_len < batch["tokens"].shape[1]:
+      raise ValueError(f"objective_args.prompt_len={prompt_len} must be in (0, "
+                       f"{batch['tokens'].shape[1]}): the teacher store's max_prompt_len")
+    rows = answers_aligned(rows, batch["prompt_lens"], prompt_len)
+    hidden = model(rows["tokens"], rows["positions"], stage1_mask(rows, prompt_len),
+                   hidden=True)[0]
+  return block_loss(model, hidden, rows, rows["weights"], rows["masked"])
 
 
 # ---- Stage II ----
@@ -241,8 +282,10 @@ def deer_stage2_loss(model, batch, rng, max_masked: int = 16, alpha: float = 1.0
 
 # ---- supervision ----
 
-def stage1_targets(batch, rng, eps: float = 1e-3) -> jax.Array:
-  """Positions carrying a loss in one `deer_stage1` step: the masked suffix slots."""
+def stage1_targets(batch, rng, eps: float = 1e-3, prompt_len: int | None = None) -> jax.Array:
+  """Positions carrying a loss in one `deer_stage1` step: the masked suffix slots (where the
+  rows lie, `prompt_len`, moves none)."""
+  del prompt_len
   return stage1_draws(rng, batch["prompt_lens"], batch["lengths"], batch["tokens"].shape[1],
                       eps)[2].sum()
 
@@ -302,6 +345,14 @@ class TeacherData:
                      tokenizer_source=store.tokenizer_source(self.path, "teacher"),
                      rows="teacher")
 
+
+  def objective_args(self, data) -> dict:
+    """The objective arguments the store's rows fix: `prompt_len`, their longest prompt
+    (`deer_stage1_loss`). Reads the store's meta alone."""
+    del data
+    from paraflax.training.stores import store
+    meta = store.read_meta(self.path, what="teacher store", command="teacher-data")
+    return {"prompt_len": meta["max_prompt_len"]}
 
   def shapes(self, data) -> dict:
     """{field: (shape, dtype)} of a batch: tokens `[B, data.seq_len]`, prompt_lens and

@@ -1,9 +1,11 @@
 """Jacobi Forcing data: the progressive noise schedule (paper Eq. 7), the choice of a noisy
-point on each block's Jacobi trajectory, and the packed training sequence
-[prompt, noisy_1, clean_1, noisy_2, clean_2, ...] whose noisy/clean pairs share positions.
-The attention mask for it is `masks.noise_aware`, passed structured
-(`mask_structure.noise_aware`); the data side is host numpy + grain, the loss
-(`jacobi_forcing_loss`, objective "jacobi_forcing") is a pure function."""
+point on each block's Jacobi trajectory, and the packed training sequence: the prompt, then
+the noisy stream [noisy_1, ..., noisy_N], then the clean stream [clean_1, ..., clean_N], a
+noisy block and its clean twin at the same positions. The attention mask for it is
+`masks.noise_aware`, passed structured (`mask_structure.noise_aware`; with the rows' prompt
+region known, `prompt_len`, in the windows a kernel attends without the pairs between the
+streams); the data side is host numpy + grain, the loss (`jacobi_forcing_loss`, objective
+"jacobi_forcing") is a pure function."""
 
 from __future__ import annotations
 
@@ -55,58 +57,58 @@ class Packed:
 
 
 def pack(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray) -> Packed:
-  """Interleave noisy and clean blocks after the prompt."""
+  """The prompt, the noisy blocks, then the clean blocks (the two streams one after the other:
+  `mask_structure.noise_aware` attends them apart)."""
   if noisy_NxN.shape != clean_NxN.shape or noisy_NxN.ndim != 2:
     raise ValueError(f"noisy and clean blocks must both be [num_blocks, block_size], got "
                      f"{noisy_NxN.shape} and {clean_NxN.shape}")
   p = len(prompt)
   nb, n = clean_NxN.shape
-  pos = p + np.arange(nb * n).reshape(nb, n)
-  pair = lambda a, b: np.stack([a, b], 1).reshape(-1)  # [N, 2, n] -> flat
+  pos, ids = p + np.arange(nb * n), np.repeat(np.arange(nb), n)
   return Packed(
-      tokens=np.concatenate([prompt, pair(noisy_NxN, clean_NxN)]).astype(np.int32),
-      positions=np.concatenate([np.arange(p), pair(pos, pos)]).astype(np.int32),
-      kinds=np.concatenate([np.full(p, PROMPT), pair(np.full((nb, n), NOISY),
-                                                     np.full((nb, n), CLEAN))]).astype(np.int32),
-      blocks=np.concatenate([np.full(p, -1), pair(*[np.repeat(np.arange(nb)[:, None], n, 1)] * 2)
-                             ]).astype(np.int32))
-
-
-def clean_stream(p: int, num_blocks: int, n: int) -> np.ndarray:
-  """Packed indices of the clean stream [prompt, clean_1, clean_2, ...]: clean block i sits at
-  p + (2i + 1) n, after its noisy twin."""
-  blocks = p + n * (2 * np.arange(num_blocks)[:, None] + 1) + np.arange(n)
-  return np.concatenate([np.arange(p), blocks.reshape(-1)])
+      tokens=np.concatenate([prompt, noisy_NxN.reshape(-1),
+                             clean_NxN.reshape(-1)]).astype(np.int32),
+      positions=np.concatenate([np.arange(p), pos, pos]).astype(np.int32),
+      kinds=np.concatenate([np.full(p, PROMPT), np.full(nb * n, NOISY),
+                            np.full(nb * n, CLEAN)]).astype(np.int32),
+      blocks=np.concatenate([np.full(p, -1), ids, ids]).astype(np.int32))
 
 
 def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
             length: int) -> dict[str, np.ndarray]:
-  """One packed training row, right-padded to `length`. Keys (all [length]):
-  tokens, positions, kinds, valid; ar_targets/ar_weights (next token of the clean stream, prompt
-  included); partner (the clean twin of a noisy slot, else itself); kl_weights (noisy slots from
-  the first token where the noisy block differs from its fixed point onward)."""
+  """One training row of `length` slots: the prompt, padding up to the prompt region of
+  `length - 2 N n` slots (a store's longest prompt: every row's streams start at the same
+  slot), the noisy stream, the clean stream. Keys (all [length]): tokens, positions, kinds,
+  valid; ar_targets/ar_weights (next token of the clean stream, prompt included); partner
+  (the clean twin of a noisy slot, else itself); kl_weights (noisy slots from the first token
+  where the noisy block differs from its fixed point onward)."""
   packed = pack(prompt, noisy_NxN, clean_NxN)
-  size = len(packed.tokens)
-  if size > length:
-    raise ValueError(f"packed example has {size} tokens, more than the row length {length}")
   nb, n = clean_NxN.shape
-  p = len(prompt)
-  idx = clean_stream(p, nb, n)
+  p, m = len(prompt), nb * n
+  region = length - 2 * m  # the prompt region
+  if region < p:
+    raise ValueError(f"packed example has {len(packed.tokens)} tokens, more than the row "
+                     f"length {length}")
+  at = np.concatenate([np.arange(p), region + np.arange(2 * m)])  # the packed slots' places
+
+  def place(values, fill=0):
+    out = np.full(length, fill, values.dtype)
+    out[at] = values
+    return out
+
+  clean = np.concatenate([np.arange(p), region + m + np.arange(m)])  # the clean stream's slots
   targets = np.zeros(length, np.int32)
   weights = np.zeros(length, np.float32)
-  stream = packed.tokens[idx]
-  targets[idx[:-1]], weights[idx[:-1]] = stream[1:], 1.0
+  tokens = place(packed.tokens)
+  targets[clean[:-1]], weights[clean[:-1]] = tokens[clean[1:]], 1.0
   partner = np.arange(length, dtype=np.int32)
-  kl = np.zeros(length, np.float32)
+  partner[region:region + m] += m
   differs = noisy_NxN != clean_NxN
   first = np.where(differs.any(1), differs.argmax(1), n)  # [N] first divergent slot
-  for i in range(nb):
-    start = p + 2 * i * n
-    partner[start:start + n] = np.arange(start, start + n) + n
-    kl[start + first[i]:start + n] = 1.0
-  pad = lambda a, v=0: np.concatenate([a, np.full(length - size, v, a.dtype)])
-  return {"tokens": pad(packed.tokens), "positions": pad(packed.positions),
-          "kinds": pad(packed.kinds, PROMPT), "valid": pad(np.ones(size, bool), False),
+  kl = np.zeros(length, np.float32)
+  kl[region:region + m] = (np.arange(n)[None] >= first[:, None]).reshape(-1)
+  return {"tokens": tokens, "positions": place(packed.positions),
+          "kinds": place(packed.kinds, PROMPT), "valid": place(np.ones(p + 2 * m, bool), False),
           "ar_targets": targets, "ar_weights": weights, "partner": partner, "kl_weights": kl}
 
 
@@ -159,6 +161,14 @@ class TrajectoryData:
                      tokenizer_source=store.tokenizer_source(self.path, "trajectory"),
                      rows="trajectory")
 
+
+  def objective_args(self, data) -> dict:
+    """The objective arguments the store's rows fix: `prompt_len`, their prompt region (the
+    store's max_prompt_len; `jacobi_forcing_loss`). Reads the store's meta alone."""
+    del data
+    from paraflax.training.stores import store
+    meta = store.read_meta(self.path, what="trajectory store", command="collect-trajectories")
+    return {"prompt_len": meta["max_prompt_len"]}
 
   def shapes(self, data) -> dict:
     """{field: (shape, dtype)} of a batch: every field `[data.batch_size, data.seq_len]`."""
@@ -216,8 +226,12 @@ def datasets(cfg: TrajectoryData, batch_size: int, seed: int):
 
 @register_objective("jacobi_forcing", fields=FIELDS, source="trajectories")
 def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature: float = 1.0,
-                        consistency: str = "soft"):
+                        consistency: str = "soft", prompt_len: int | None = None):
   """Progressive consistency loss + `ar_weight` x AR loss on the clean stream.
+
+  `prompt_len`: the rows' prompt region (a trajectory store's `max_prompt_len`; the trainer
+  takes it from the store, `TrajectoryData.objective_args`). With it a kernel attends the
+  streams apart (`mask_structure.noise_aware`), without it the whole row under one mask.
 
   Consistency, on `kl_weights` slots (from the first token where a noisy block departs from
   its fixed point):
@@ -237,7 +251,7 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   del rng
   if consistency not in ("soft", "hard"):
     raise ValueError(f"consistency must be 'soft' or 'hard', got {consistency!r}")
-  mask = mask_structure.noise_aware(batch["kinds"], batch["valid"])  # a kernel: causal + dense
+  mask = mask_structure.noise_aware(batch["kinds"], batch["valid"], prompt_len)
   hidden_BxLxD, _ = model(batch["tokens"], batch["positions"], mask, hidden=True)
   partner = batch["partner"]
   w = batch["kl_weights"]

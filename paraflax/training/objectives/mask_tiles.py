@@ -7,11 +7,12 @@ empty (skippable), full (no mask to apply) or partial.
 
 Layouts are drawn like a training step draws them (objective defaults; rows differ by their
 random cuts, rates, visible sets). Jacobi Forcing rows are full: a prompt of about a quarter
-of the row, then noisy/clean pairs of blocks of 16; DEER rows have a prompt of a quarter.
+of the row, then the noisy and the clean stream of blocks of 16; DEER rows have a prompt of a
+quarter.
 The "sorted" rows reorder the tokens of a row (attention does not depend on the order of the
-rows, given their positions): Jacobi Forcing's as [prompt, noisy blocks, clean blocks], the
-AS-ARM's as [prompt, targets in ascending position]; the same pairs, in tiles a kernel can
-skip.
+rows, given their positions): the AS-ARM's as [prompt, targets in ascending position]; the
+same pairs, in tiles a kernel can skip (Jacobi Forcing's rows come as [prompt, noisy blocks,
+clean blocks] already).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def training_masks(seq_len: int, rows: int = 4, seed: int = 0) -> dict[str, list
   content and the query stream's; each mask's rows are queries of one attention call)."""
   keys = jax.random.split(jax.random.key(seed), 4)
   n_blocks = seq_len * 3 // 4 // (2 * JF_BLOCK)
-  prompt = seq_len - 2 * JF_BLOCK * n_blocks  # a full row: the prompt, then block pairs
+  prompt = seq_len - 2 * JF_BLOCK * n_blocks  # a full row: the prompt, then the streams
   row = jf.example(np.arange(prompt) % 7 + 4, np.full((n_blocks, JF_BLOCK), 5),
                    np.full((n_blocks, JF_BLOCK), 6), seq_len)
   kinds, valid = (jnp.broadcast_to(jnp.asarray(row[k]), (rows, seq_len))
@@ -51,7 +52,6 @@ def training_masks(seq_len: int, rows: int = 4, seed: int = 0) -> dict[str, list
   visible = asarm.lattice_visible(keys[0], asarm.low_discrepancy_rates(keys[1], rows, lo, hi),
                                   seq_len)
   content, query = ms.lattice(visible)
-  noise_aware = ms.noise_aware(kinds, valid)
   teacher = {"tokens": jnp.zeros((rows, seq_len), jnp.int32),
              "prompt_lens": jnp.full((rows,), prompt), "lengths": jnp.full((rows,), seq_len)}
   prefix, _, _ = deer.stage1_draws(keys[2], teacher["prompt_lens"], teacher["lengths"], seq_len,
@@ -63,8 +63,7 @@ def training_masks(seq_len: int, rows: int = 4, seed: int = 0) -> dict[str, list
   return {
       "ar": [ms.causal(jnp.full((rows,), seq_len), seq_len)],
       "tidar": [ms.tidar_train(seq_len, tidar.block_sizes_for(keys[0], rows, 8))],
-      "jacobi_forcing": [noise_aware],
-      "jacobi_forcing sorted": [_sorted(noise_aware, kinds)],
+      "jacobi_forcing": [ms.noise_aware(kinds, valid)],
       "asarm": [content, query],
       "asarm sorted": [_sorted(m, jnp.where(visible, 0, 1)) for m in (content, query)],
       "deer_stage1": [drafter(stage1)],

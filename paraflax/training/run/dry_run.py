@@ -113,6 +113,7 @@ def dry_run(cfg: TrainConfig) -> dict:
   and compile_s (fitting, lowering and XLA compilation)."""
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   t0 = time.perf_counter()
+  cfg = cfg.with_row_args(missing_ok=True)  # the rows' layout, where a store gives it
   cfg, tried, compiled = fit_to_device(cfg, mesh)
   lowered, params, batch = lower_step(cfg, mesh)
   t1 = time.perf_counter()

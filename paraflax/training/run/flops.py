@@ -81,7 +81,8 @@ def train_flops(cfg: ModelConfig, objective: str, batch: int, seq_len: int,
   defaults) on `batch` rows of `seq_len`, or None for an objective with no `WORK` entry.
 
   `prompt_len`: the prompt part of Jacobi Forcing's packed rows and of DEER's teacher rows
-  (a store's max_prompt_len; 0: all blocks / answer)."""
+  (a store's max_prompt_len; 0: all blocks / answer); Jacobi Forcing's and DEER Stage I's own
+  `prompt_len` argument, where given, instead."""
   work = objective_work(cfg, objective, seq_len, args, prompt_len=prompt_len)
   if work is None:
     return None
@@ -139,11 +140,11 @@ def _tidar(cfg, t, args, prompt_len):
 
 
 def _jacobi_forcing(cfg, t, args, prompt_len):
-  """[prompt P, noisy_1, clean_1, ...] of T: the prompt causal; each of the two streams of
+  """[prompt P, noisy stream, clean stream] of T: the prompt causal; each of the two streams of
   M = (T - P) // 2 tokens sees the prompt and itself causally; a padding row the prompt and
   itself. The head on all T rows, and with soft consistency the detached teacher head on all
   T again."""
-  p = prompt_len
+  p = prompt_len if args["prompt_len"] is None else args["prompt_len"]
   m = (t - p) // 2
   pairs = _causal_pairs(p) + 2 * (m * p + _causal_pairs(m)) + (t - p - 2 * m) * (p + 1)
   return Work(t, t, pairs, t, t if args["consistency"] == "soft" else 0)
@@ -171,7 +172,7 @@ def _cuts(w: int, prompt_len: int, r: int) -> tuple[float, float]:
 def _deer_stage1(cfg, w, args, prompt_len):
   """Rows of W + 1 (SEP inserted) cut after c = P + u tokens, u uniform in 0..A-1 (full rows):
   the prefix causal (bidirectional drafter: c^2), the W + 1 - c block rows see every key."""
-  c, c2 = _cuts(w, prompt_len, 1)
+  c, c2 = _cuts(w, prompt_len if args["prompt_len"] is None else args["prompt_len"], 1)
   prefix = c2 if cfg.drafter_prefix == "bidirectional" else (c2 + c) / 2
   return Work(w + 1, w + 1, prefix + (w + 1) * (w + 1 - c), w + 1)
 

@@ -154,8 +154,8 @@ def train(cfg: TrainConfig, workdir: str | os.PathLike, *, progress: bool = True
   obj = objective(cfg.objective)
   mesh = None if cfg.mesh is None else sharding.resolve_mesh(cfg.mesh)  # fits the devices?
   with lock.hold(workdir, what="training workdir"):
-    return _train(cfg, workdir, obj.bind(cfg.objective_args), obj.needs_step, mesh,
-                  progress=progress, max_steps=max_steps, profile_steps=profile_steps)
+    return _train(cfg, workdir, obj.needs_step, mesh, progress=progress, max_steps=max_steps,
+                  profile_steps=profile_steps)
 
 
 def _check_not_a_model(workdir: epath.Path) -> None:
@@ -167,12 +167,14 @@ def _check_not_a_model(workdir: epath.Path) -> None:
                      f"with --hf {workdir} (or init_from) and give a new --workdir")
 
 
-def _train(cfg: TrainConfig, workdir: epath.Path, loss_fn, needs_step: bool, mesh, *,
+def _train(cfg: TrainConfig, workdir: epath.Path, needs_step: bool, mesh, *,
            progress: bool, max_steps: int | None, profile_steps) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   main = jax.process_index() == 0  # the one process that writes files (multi-host)
   progress = progress and main
   data = _checked_data(cfg, workdir, main, progress)
+  cfg = cfg.with_row_args()  # after the saved config, which keeps what the user set
+  loss_fn = objective(cfg.objective).bind(cfg.objective_args)
   it = data.train
   cfg, tried, _ = fit_to_device(cfg, mesh)  # "auto" memory choices (an accelerator's only)
   if main:

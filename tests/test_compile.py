@@ -277,6 +277,33 @@ def test_a_tpu_instruction_on_chip_alone_moves_no_hbm_bytes():
   assert cost.hbm.fallbacks == 0
 
 
+ASYNC_ALL_REDUCE = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %m = f32[8]{0} multiply(%p, %p)
+  %start = ((f32[8]{0}), f32[8]{0}) all-reduce-start(%m), channel_id=1, replica_groups={{0,1}}, \
+use_global_device_ids=true, to_apply=%add, output_to_operand_aliasing={{1}: (0, {})}
+  ROOT %done = f32[8]{0} all-reduce-done(%start)
+}
+"""  # the all-reduce-start is one line: its backslash joins the two
+
+
+@pytest.mark.fast
+def test_a_collective_that_prints_its_aliasing_is_costed():
+  """XLA:GPU prints an async all-reduce's aliased buffers (a training step on a mesh of GPUs),
+  which XLA's parser refuses outside custom calls: the cost analysis reads the module without
+  them (before, `perf compile --target h100:2` failed for every objective)."""
+  assert costs.hlo.cost_analysis(ASYNC_ALL_REDUCE)["flops"] >= 8  # the multiply at least
+  assert "output_to_operand_aliasing" not in costs.hlo.parsable(ASYNC_ALL_REDUCE)
+
+
 @pytest.mark.fast
 def test_targets_parse_and_refuse_in_one_line():
   assert targets.parse("h200").capacity > 140 * 2**30

@@ -244,8 +244,7 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   The head runs over chunks of positions (`head_loss.cross_entropy`, both targets at once). A
   pair is never split: each noisy slot gets its clean twin's final hidden state (gathered by
   `partner`, stop-gradient) at its own position as its teacher, and the chunk projects both, so
-  the teacher logits are computed next to their student's whatever the rows' prompt lengths
-  (chunking by block pairs would need pairs aligned across rows, which they are not); the
+  the teacher logits are computed next to their student's whatever the rows' layout; the
   gathered copy is `[B, L, D]`.
   """
   del rng

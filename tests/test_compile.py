@@ -422,3 +422,15 @@ def test_micro_programs_compile_on_a_tpu_mesh():
   compile_run.run(dataclasses.replace(plan, target="tpu-v5e", objectives=(), batches=(1,)),
                   one.append, log.append)
   assert by["decode"]["floor_bytes"] == one[0]["floor_bytes"]
+
+
+def test_micro_training_steps_compile_on_a_gpu_mesh():
+  """FSDP training over two H100s, with Jacobi Forcing's windows: compiled and costed (XLA's
+  cost analysis reads the module's async collectives: `hlo.parsable`)."""
+  rows, log = [], []
+  plan = compile_run.CompilePlan(target="h100:2", shape="micro",
+                                 objectives=("ar", "jacobi_forcing"), decoders=(), seq_len=256)
+  assert compile_run.run(plan, rows.append, log.append) == []
+  for row in rows:
+    assert row["uncosted_custom_calls"] == 0 and row["flops_per_step"] > 0
+    assert row["kernel_mix"]["attention:cudnn"] >= 2 and row["host_syncs_per_step"] == 0

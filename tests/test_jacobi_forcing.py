@@ -233,7 +233,7 @@ def jax_log_softmax(x):
 
 
 @pytest.mark.fast
-def test_the_trainer_takes_the_prompt_region_from_the_store(model, tmp_path):
+def test_the_trainer_and_the_dry_run_take_the_prompt_region_from_the_store(model, tmp_path):
   """A run's rows fix Jacobi Forcing's `prompt_len` (its windows' bounds): filled in from the
   store's meta, a different configured value refused, nothing filled for an objective that
   does not take it, nor for a dry run before the store exists."""
@@ -258,3 +258,12 @@ def test_the_trainer_takes_the_prompt_region_from_the_store(model, tmp_path):
   assert missing.with_row_args(missing_ok=True) == missing
   with pytest.raises(FileNotFoundError, match="no trajectory store"):
     missing.with_row_args()
+  # `train --dry-run` compiles the run's program: the store's prompt region, in its FLOPs too
+  from paraflax.training.run import flops
+  from paraflax.training.run.dry_run import dry_run
+  report = dry_run(cfg)
+  args = dict(cfg.objective_args)
+  assert report["flops_per_step"] == flops.train_flops(
+      cfg.model, cfg.objective, cfg.data.batch_size, 24, {**args, "prompt_len": 8})
+  assert report["flops_per_step"] != flops.train_flops(
+      cfg.model, cfg.objective, cfg.data.batch_size, 24, args)

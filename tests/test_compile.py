@@ -366,7 +366,7 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
       first = next(i for i, c in enumerate(fit) if c["fits"])
       assert fit[-1]["fits"] and len(fit) - first <= 2
       assert fit[-1]["remat"] == by["train", name]["run_control"]["remat"]
-    if target == "h200":  # Jacobi Forcing's streams: two windows a layer, forward and backward
+    if target == "h200":  # Jacobi Forcing's streams: two calls a layer, forward and backward
       assert by["train", "jacobi_forcing"]["kernel_mix"]["attention:cudnn"] == 2 * 2 * layers
     assert train["host_syncs_per_step"] == 0 and train["run_control"]["platform"] == (
         "gpu" if target == "h200" else "tpu")

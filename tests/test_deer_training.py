@@ -161,9 +161,9 @@ def test_stage1_row_by_hand(drafter):
 
 @pytest.mark.fast
 def test_stage1_rows_aligned_at_the_longest_prompt_give_the_same_loss_and_gradients(drafter):
-  """With `prompt_len` (the store's longest prompt) every row's answer starts at that slot, the
-  slots before its prompt padding: the same tokens at the same positions under the same mask,
-  so the loss and its gradients are the unaligned rows' (float32, highest)."""
+  """With `prompt_len` (the store's longest prompt) every row's answer starts at that slot,
+  padding between its prompt and its answer: the same tokens at the same positions under the
+  same mask, so the loss and its gradients are the unaligned rows' (float32, highest)."""
   rng = np.random.default_rng(4)
   batch = {"tokens": jnp.asarray(rng.integers(4, 48, (3, 12)), jnp.int32),  # answers <= 12 - 5
            "prompt_lens": jnp.array([2, 5, 3]), "lengths": jnp.array([9, 12, 7])}
@@ -181,8 +181,9 @@ def test_stage1_rows_aligned_at_the_longest_prompt_give_the_same_loss_and_gradie
   rows = deer.answers_aligned(deer.layout(batch["tokens"], batch["lengths"],
                                           batch["prompt_lens"], SEP), batch["prompt_lens"], 5)
   assert rows["tokens"][:, 5].tolist() == [SEP] * 3  # cut at the prompt: SEP, at slot 5
-  assert rows["valid"][0].tolist() == [False] * 3 + [True] * 10  # its 9 tokens and SEP
-  assert rows["positions"][0, 3:6].tolist() == [0, 1, 2]
+  # row 0: its prompt of 2, padding up to slot 5, then SEP and its 7 answer tokens
+  assert rows["valid"][0].tolist() == [True] * 2 + [False] * 3 + [True] * 8
+  assert rows["positions"][0, [0, 1, 5, 6]].tolist() == [0, 1, 2, 3]
   with pytest.raises(ValueError, match="prompt_len=12 must be in"):
     loss(params, prompt_len=12)
 

@@ -141,15 +141,16 @@ def test_example_targets_partners_and_consistency_weights():
   noisy = np.array([[1, 9], [9, 9]])  # block 0 departs at slot 1, block 1 at slot 0
   clean = np.array([[1, 2], [3, 4]])
   ex = jf.example(prompt, noisy, clean, 12)
-  # the prompt region is 12 - 2 x 4 slots: the prompt, then padding, so the streams start at 4
-  #                                 p  p pad pad n1 n1 n2 n2 c1 c1 c2 c2
-  assert ex["tokens"].tolist() == [7, 8, 0, 0, 1, 9, 9, 9, 1, 2, 3, 4]
-  assert ex["positions"].tolist() == [0, 1, 0, 0, 2, 3, 4, 5, 2, 3, 4, 5]
-  assert ex["valid"].tolist() == [1, 1, 0, 0] + [1] * 8
+  # the prompt region is 12 - 2 x 4 slots, padded after the noisy stream: the clean stream
+  # starts at 4 + 4 whatever the prompt's length
+  #                                 p  p n1 n1 n2 n2 pad pad c1 c1 c2 c2
+  assert ex["tokens"].tolist() == [7, 8, 1, 9, 9, 9, 0, 0, 1, 2, 3, 4]
+  assert ex["positions"].tolist() == [0, 1, 2, 3, 4, 5, 0, 0, 2, 3, 4, 5]
+  assert ex["valid"].tolist() == [1] * 6 + [0, 0] + [1] * 4
   assert ex["ar_targets"].tolist() == [8, 1, 0, 0, 0, 0, 0, 0, 2, 3, 4, 0]
   assert ex["ar_weights"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
-  assert ex["partner"].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11]
-  assert ex["kl_weights"].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
+  assert ex["partner"].tolist() == [0, 1, 8, 9, 10, 11, 6, 7, 8, 9, 10, 11]
+  assert ex["kl_weights"].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
   with pytest.raises(ValueError, match="more than the row length"):
     jf.example(prompt, noisy, clean, 9)
 
@@ -162,7 +163,8 @@ def test_packed_forward_equals_separate_causal_forwards_of_both_streams(model):
       np.array([[1, 2, 3], [4, 5, 6]])
   ex = {k: jnp.asarray(v)[None] for k, v in jf.example(prompt, noisy, clean, 16).items()}
   packed, _ = model(ex["tokens"], ex["positions"], masks.noise_aware(ex["kinds"], ex["valid"]))
-  # the prompt region is 16 - 2 x 6 = 4 slots: the prompt, one padding slot
+  # the prompt region is 16 - 2 x 6 = 4 slots: the prompt, then one padding slot after the
+  # noisy stream
   windowed, _ = model(ex["tokens"], ex["positions"],
                       ms.noise_aware(ex["kinds"], ex["valid"], prompt_len=4))
   np.testing.assert_allclose(windowed, packed, atol=1e-6)
@@ -175,7 +177,7 @@ def test_packed_forward_equals_separate_causal_forwards_of_both_streams(model):
   noisy_logits = causal(np.concatenate([prompt, noisy.ravel()]))
   idx = np.concatenate([np.arange(3), np.arange(10, 16)])
   np.testing.assert_allclose(packed[0, idx], clean_logits, atol=1e-5)
-  noisy_idx = np.concatenate([np.arange(3), np.arange(4, 10)])
+  noisy_idx = np.arange(9)
   np.testing.assert_allclose(packed[0, noisy_idx], noisy_logits, atol=1e-5)
 
 
@@ -218,9 +220,9 @@ def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
   logits, _ = model(batch["tokens"], batch["positions"],
                     masks.noise_aware(batch["kinds"], batch["valid"]))
   logp = np.asarray(jax_log_softmax(logits[0]))
-  # noisy slots (4..9) from the first divergence: block 0 slots 1, 2 (idx 5, 6) -> fixed point
-  # 3, 4; block 1 slots 0..2 (idx 7..9) -> fixed point 5, 6 and nothing after the last block
-  want = -np.mean([logp[5, 3], logp[6, 4], logp[7, 5], logp[8, 6]])
+  # noisy slots (3..8) from the first divergence: block 0 slots 1, 2 (idx 4, 5) -> fixed point
+  # 3, 4; block 1 slots 0..2 (idx 6..8) -> fixed point 5, 6 and nothing after the last block
+  want = -np.mean([logp[4, 3], logp[5, 4], logp[6, 5], logp[7, 6]])
   np.testing.assert_allclose(m["consistency"], want, rtol=1e-5)
   np.testing.assert_allclose(loss, want + 2 * m["ar_loss"], rtol=1e-5)
   with pytest.raises(ValueError, match="consistency must be"):

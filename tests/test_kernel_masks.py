@@ -61,6 +61,15 @@ def _deer_stage2():
                              causal_rows=10)
 
 
+def _jacobi_forcing_rows():
+  """Two Jacobi Forcing rows of 12 slots, prompt region 4: prompts of 4 and 3 tokens (the
+  second padded after its noisy stream), two blocks of 2 in each stream."""
+  from paraflax.training.objectives import jacobi_forcing as jf
+  rows = [jf.example(np.arange(p) + 4, np.full((2, 2), 5), np.full((2, 2), 6), 12) for p in (4, 3)]
+  return ms.noise_aware(*(jnp.asarray(np.stack([r[k] for r in rows])) for k in ("kinds", "valid")),
+                        prompt_len=4)
+
+
 def _deer_stage1():
   """Stage I rows (prompts of 3 and 5 tokens, cut after 6 and 5) aligned at a longest prompt
   of 5: the prompt region causal, the answer region over every key."""
@@ -88,9 +97,7 @@ MASKS = {
     "noise_aware": lambda: ms.noise_aware(
         jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
         jnp.arange(12)[None] < jnp.array([[12], [10]])),
-    "noise_aware in windows": lambda: ms.noise_aware(
-        jnp.array([[masks.PROMPT] * 4 + [masks.NOISY] * 4 + [masks.CLEAN] * 4] * 2),
-        jnp.arange(12)[None] != jnp.array([[-1], [2]]), prompt_len=4),  # a padded prompt
+    "noise_aware in windows": _jacobi_forcing_rows,
     "deer_stage1 in windows": _deer_stage1,
     "tidar_prefill": lambda: ms.tidar_prefill(jnp.array([9, 5]), 9, 3),
     "deer_stage2": _deer_stage2,

@@ -238,28 +238,24 @@ def decode_candidates(cache_lengths_B: jax.Array, slots: int, main: int, n: int,
 
 def noise_aware(kinds_BxT: jax.Array, valid_BxT: jax.Array,
                 prompt_len: int | None = None) -> Structured:
-  """With `prompt_len` (the rows are a prompt region of that many slots, then two streams of
-  equal length, `jacobi_forcing.example`) in windows (`noise_aware_windows`)."""
+  """With `prompt_len`: rows [prompt, noisy stream, padding | clean stream] whose clean
+  stream starts at `prompt_len` + M (`jacobi_forcing.example`; streams of M slots). The prompt
+  and the noisy stream see exactly the slots before them (padding queries excepted): causal
+  rows, which a kernel attends under its causal mask. The clean stream sees the prompt region
+  and itself: a window over those keys, dense (its M^2/2 pairs above the diagonal computed,
+  not the noisy stream's)."""
   fields = _fields(kind=kinds_BxT, valid=valid_BxT)
-  windows = () if prompt_len is None else noise_aware_windows(kinds_BxT.shape[1], prompt_len)
-  return Structured(fields, fields, noise_aware_rule, windows=windows)
-
-
-def noise_aware_windows(length: int, prompt_len: int) -> tuple:
-  """Jacobi Forcing's rows [prompt region P | noisy stream M | clean stream M] in two windows:
-  the prompt and the noisy stream see only keys before them (one window over [0, P + M),
-  under the kernel's causal mask); the clean stream sees the prompt region and itself (a
-  window over those P + M keys, dense: the pairs of the noisy stream are not computed, M^2/2
-  pairs above the clean stream's diagonal are). Windows of fewer clean rows would compute
-  fewer of those (a 0.5B step on an H200, 4096-slot rows, M = 1792: 1.05x its model FLOPs in
-  one window, 1.03x in four of 512 rows) for ~130 more kernels a window."""
+  if prompt_len is None:
+    return Structured(fields, fields, noise_aware_rule)
+  length = kinds_BxT.shape[1]
   m, odd = divmod(length - prompt_len, 2)
   if prompt_len < 0 or m < 1 or odd:
     raise ValueError(f"rows of {length} slots cannot be a prompt region of {prompt_len} and "
                      f"two equal streams (objective_args.prompt_len must be the store's "
                      f"max_prompt_len)")
   s = prompt_len + m
-  return ((0, s, ((0, s),), True), (s, length, ((0, prompt_len), (s, length)), False))
+  return Structured(fields, fields, noise_aware_rule, causal_rows=s,
+                    windows=((s, length, ((0, prompt_len), (s, length)), False),))
 
 
 def tidar(kinds_BxT: jax.Array, blocks_BxT: jax.Array, valid_BxT: jax.Array | None = None,

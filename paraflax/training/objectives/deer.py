@@ -148,29 +148,28 @@ def stage1_rows(batch, prefix_B, t_B, masked_BxT, mask_id: int, sep_id: int):
 
 
 def answers_aligned(rows, prompt_lens_B, prompt_len: int):
-  """Built rows `[B, T]` with each row moved `prompt_len - prompt_lens` slots to the right:
-  every answer starts at slot `prompt_len` (a store's max_prompt_len, whose answers fit the
-  rest of the row), the slots before a row's prompt are padding. Positions travel with the
-  tokens, so the loss is the same."""
+  """Built rows `[B, T]` with each row's answer part moved `prompt_len - prompt_lens` slots to
+  the right: every answer starts at slot `prompt_len` (a store's max_prompt_len, whose answers
+  fit the rest of the row), padding between a row's prompt and its answer. Positions travel
+  with the tokens, so the loss is the same."""
   t = rows["tokens"].shape[1]
   j = jnp.arange(t)[None, :]
-  shift = prompt_len - prompt_lens_B[:, None]
-  src = jnp.maximum(j - shift, 0)  # slot 0 (prefix: CLEAN, unweighted) fills the padding
+  p = prompt_lens_B[:, None]
+  pad = (j >= p) & (j < prompt_len)
+  # the padding takes slot 0's fields (a prefix slot: CLEAN, unweighted), made invalid
+  src = jnp.where(j < p, j, jnp.where(pad, 0, j - (prompt_len - p)))
   out = {k: jnp.take_along_axis(v, src, 1) for k, v in rows.items()}
-  out["valid"] = out["valid"] & (j >= shift)
+  out["valid"] = out["valid"] & ~pad
   return out
 
 
 def stage1_mask(rows, prompt_len: int | None) -> mask_structure.Structured:
   """A causal-prefix drafter's Stage I attention; with `prompt_len` (rows `answers_aligned`)
-  in two windows: the prompt region sees only keys before it (it is always prefix), under
-  the kernel's causal mask; the answer region, where the cut falls, sees every key."""
+  the prompts, always prefix and followed by padding, see exactly the slots before them
+  (padding queries excepted): causal rows, which a kernel attends under its causal mask; the
+  answer region, where the cut falls, sees every key."""
   mask = mask_structure.deer(rows["kinds"], rows["blocks"], rows["valid"], False)
-  if prompt_len is None:
-    return mask
-  t = rows["tokens"].shape[1]
-  return dataclasses.replace(mask, windows=((0, prompt_len, ((0, prompt_len),), True),
-                                            (prompt_len, t, None, False)))
+  return mask if prompt_len is None else dataclasses.replace(mask, causal_rows=prompt_len)
 
 
 @register_objective("deer_stage1", fields=FIELDS, source="teacher")
@@ -180,7 +179,7 @@ def deer_stage1_loss(model, batch, rng, eps: float = 1e-3, prompt_len: int | Non
 
   `prompt_len`: the rows' longest prompt (the teacher store's max_prompt_len; the trainer
   takes it from the store, `TeacherData.objective_args`). With it, and a causal prefix, the
-  rows are `answers_aligned` and a kernel attends the prompts under its causal mask
+  rows are `answers_aligned` and a kernel attends the prompts under its causal mask alone
   (`stage1_mask`); without it the whole row under one dense mask."""
   mask_id, sep_id = _check_ids(model, "deer_stage1")
   _check_batch(batch, "deer_stage1")

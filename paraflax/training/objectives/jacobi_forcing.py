@@ -76,9 +76,11 @@ def pack(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray) -> Pa
 
 def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
             length: int) -> dict[str, np.ndarray]:
-  """One training row of `length` slots: the prompt, padding up to the prompt region of
-  `length - 2 N n` slots (a store's longest prompt: every row's streams start at the same
-  slot), the noisy stream, the clean stream. Keys (all [length]): tokens, positions, kinds,
+  """One training row of `length` slots: the prompt, the noisy stream, padding up to the
+  prompt region of `length - 2 N n` slots (a store's longest prompt) past the noisy stream,
+  then the clean stream. Every row's clean stream starts at the same slot, and the prompt and
+  the noisy stream, first, see exactly the slots before them: a kernel attends them under its
+  causal mask (`mask_structure.noise_aware`). Keys (all [length]): tokens, positions, kinds,
   valid; ar_targets/ar_weights (next token of the clean stream, prompt included); partner
   (the clean twin of a noisy slot, else itself); kl_weights (noisy slots from the first token
   where the noisy block differs from its fixed point onward)."""
@@ -89,24 +91,25 @@ def example(prompt: np.ndarray, noisy_NxN: np.ndarray, clean_NxN: np.ndarray,
   if region < p:
     raise ValueError(f"packed example has {len(packed.tokens)} tokens, more than the row "
                      f"length {length}")
-  at = np.concatenate([np.arange(p), region + np.arange(2 * m)])  # the packed slots' places
+  clean = region + m + np.arange(m)  # the clean stream's slots
+  at = np.concatenate([np.arange(p + m), clean])  # the packed tokens' slots
 
   def place(values, fill=0):
     out = np.full(length, fill, values.dtype)
     out[at] = values
     return out
 
-  clean = np.concatenate([np.arange(p), region + m + np.arange(m)])  # the clean stream's slots
+  tokens = place(packed.tokens)
+  stream = np.concatenate([np.arange(p), clean])  # [prompt, clean stream]
   targets = np.zeros(length, np.int32)
   weights = np.zeros(length, np.float32)
-  tokens = place(packed.tokens)
-  targets[clean[:-1]], weights[clean[:-1]] = tokens[clean[1:]], 1.0
+  targets[stream[:-1]], weights[stream[:-1]] = tokens[stream[1:]], 1.0
   partner = np.arange(length, dtype=np.int32)
-  partner[region:region + m] += m
+  partner[p:p + m] = clean
   differs = noisy_NxN != clean_NxN
   first = np.where(differs.any(1), differs.argmax(1), n)  # [N] first divergent slot
   kl = np.zeros(length, np.float32)
-  kl[region:region + m] = (np.arange(n)[None] >= first[:, None]).reshape(-1)
+  kl[p:p + m] = (np.arange(n)[None] >= first[:, None]).reshape(-1)
   return {"tokens": tokens, "positions": place(packed.positions),
           "kinds": place(packed.kinds, PROMPT), "valid": place(np.ones(p + 2 * m, bool), False),
           "ar_targets": targets, "ar_weights": weights, "partner": partner, "kl_weights": kl}

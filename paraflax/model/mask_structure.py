@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from paraflax.model.masks import CLEAN, MASKED, PROMPT
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # tile classes of `Structured.layout`
-WINDOW_ROWS = 512  # query rows of a window (`Structured.windows`)
 
 Fields = dict[str, jax.Array]  # name -> [B, N] per-token field
 Rule = Callable[[Fields, Fields], jax.Array]  # (queries [B, T, 1], keys [B, 1, K]) -> bool
@@ -277,6 +276,8 @@ def tidar_train(length: int, block_sizes_B: jax.Array, max_block: int | None = N
   # the clean half: causal, no mask keys
   return dataclasses.replace(mask, causal_rows=length, windows=windows)
 
+
+WINDOW_ROWS = 512  # query rows of a window (`Structured.windows`)
 
 
 def tidar_windows(length: int, max_block: int, rows: int = WINDOW_ROWS) -> tuple:

@@ -38,8 +38,8 @@ class KVCache:
 
   @property
   def spare(self) -> int:
-    """Slots past the capacity: `TPU_SPARE` for a TPU's cache (`slices`), else one."""
-    return TPU_SPARE if self.slices else 1
+    """Slots past the capacity (`spares`)."""
+    return spares(self.slices)
 
   @property
   def slots(self) -> int:
@@ -83,8 +83,13 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int,
 
 
 def cache_slots(capacity: int, backend: str | None = None) -> int:
-  """S of a cache with `capacity` usable slots for `backend` (`init_cache`, `KVCache.spare`)."""
-  return capacity + (TPU_SPARE if backend == "tpu" else 1)
+  """S of a cache with `capacity` usable slots for `backend` (`init_cache`)."""
+  return capacity + spares(backend == "tpu")
+
+
+def spares(tpu: bool) -> int:
+  """Slots past a cache's capacity: `TPU_SPARE` for a TPU's (its commits are slices), else one."""
+  return TPU_SPARE if tpu else 1
 
 
 def commit(cache: KVCache, chunk: ChunkKV, src_BxN: jax.Array, count_B: jax.Array) -> KVCache:

@@ -74,6 +74,13 @@ def teacher_row(length: int, vocab: int, rng: np.random.Generator) -> dict:
   return {"tokens": tokens, "prompt_lens": np.int32(p), "lengths": np.int32(p + answer)}
 
 
+def row_args(source: str, length: int) -> dict:
+  """The objective arguments the synthetic rows of `source` at `length` fix, as a store's
+  fix a run's (`DataSource.objective_args`, `TrainConfig.with_fixed_args`)."""
+  prompt_len = {"trajectories": jacobi_prompt_len, "teacher": teacher_prompt_len}.get(source)
+  return {} if prompt_len is None else {"prompt_len": prompt_len(length)}
+
+
 def synthetic_batch(cfg, seed: int = 0) -> dict[str, np.ndarray]:
   """A batch of `cfg`'s data-source shapes (`dry_run.abstract_batch`: what `train` feeds its
   step) with valid contents for the source."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from paraflax.devices import peak_flops
 from paraflax.model.run import FIELDS as RUN_FIELDS
-from paraflax.perf.batches import jacobi_prompt_len, teacher_prompt_len
+from paraflax.perf.batches import row_args
 from paraflax.perf.shapes import shape_fields
 from paraflax.training.run import flops
 
@@ -47,16 +47,12 @@ def recipe(objective: str, plan: TrainPlan, seq_len: int):
   """The objective's recipe at the plan's shape, batch, `seq_len` and run control."""
   from paraflax.training.config.train import apply_overrides, load_config
   sets = {f"model.{k}": v for k, v in shape_fields(plan.shape, plan.layers).items()}
-  # the synthetic rows' prompt region (`batches`), as a store gives it to a run
-  if objective == "jacobi_forcing":
-    sets["objective_args.prompt_len"] = jacobi_prompt_len(seq_len)
-  if objective == "deer_stage1":
-    sets["objective_args.prompt_len"] = teacher_prompt_len(seq_len)
   sets.update({"model.dtype": plan.dtype, "model.param_dtype": "float32",
                "data.seq_len": seq_len, "data.batch_size": plan.batch,
                **{f"run.{k}": getattr(plan, k) for k in RUN_FIELDS
                   if getattr(plan, k, None) is not None}})
-  return apply_overrides(load_config(RECIPES[objective]), sets)
+  cfg = apply_overrides(load_config(RECIPES[objective]), sets)
+  return cfg.with_fixed_args(row_args(cfg.data_source, seq_len))  # as a store fixes a run's
 
 
 def run_control(cfg) -> dict:

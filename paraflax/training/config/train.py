@@ -157,16 +157,19 @@ class TrainConfig:
   def with_row_args(self, missing_ok: bool = False) -> TrainConfig:
     """This config with the objective arguments its data source's rows fix (the optional
     `DataSource.objective_args`: a store's max_prompt_len, Jacobi Forcing's and DEER Stage
-    I's `prompt_len`) set, where the objective takes them; one set otherwise is refused. With
-    `missing_ok` a source with nothing to read yet (a store not collected, for `train
-    --dry-run`) fixes none."""
+    I's `prompt_len`) set (`with_fixed_args`). With `missing_ok` a source with nothing to read
+    yet (a store not collected, for `train --dry-run`) fixes none."""
     fixed = getattr(self.source, "objective_args", None)
     try:
-      fixed = {} if fixed is None else fixed(self.data)
+      return self.with_fixed_args({} if fixed is None else fixed(self.data))
     except FileNotFoundError:
       if missing_ok:
         return self
       raise
+
+  def with_fixed_args(self, fixed: Mapping[str, Any]) -> TrainConfig:
+    """This config with the objective arguments `fixed` by its rows set, where the objective
+    takes them; one set otherwise is refused."""
     args, obj = dict(self.objective_args), objective(self.objective)
     for k, v in fixed.items():
       if k in args and args[k] != v:

@@ -34,7 +34,8 @@ def _jf_rows():
   return {k: jnp.concatenate([v, v[:, ::-1] if k == "kl_weights" else v]) for k, v in rows.items()}
 
 
-CASES = {"ar": (_ar_rows, 4), "jacobi_forcing": (_jf_rows, 2)}  # rows, micro-batches
+# rows, micro-batches, objective arguments (Jacobi Forcing's rows: prompt region 7)
+CASES = {"ar": (_ar_rows, 4, {}), "jacobi_forcing": (_jf_rows, 2, {"prompt_len": 7})}
 
 
 @functools.cache
@@ -45,14 +46,15 @@ def _model():
 def _steps(name):
   graphdef, params = _model()
   tx = optax.sgd(1.0)  # the update is minus the gradient
-  step = jax.jit(functools.partial(train_step, graphdef, loss_fn=get_objective(name), tx=tx),
+  loss_fn = get_objective(name, CASES[name][2])
+  step = jax.jit(functools.partial(train_step, graphdef, loss_fn=loss_fn, tx=tx),
                  static_argnames="accum")
   return graphdef, params, tx.init(params), step
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_accumulated_micro_batches_equal_one_big_batch(name):
-  rows, k = CASES[name]
+  rows, k, _ = CASES[name]
   batch = rows()
   _, params, opt, step = _steps(name)
   whole = step(params, opt, batch, jax.random.key(0), accum=1)
@@ -68,7 +70,8 @@ def test_a_mean_of_micro_batch_means_differs_there(name):
   """What `optax.MultiSteps` computes: the test batches do hold unequal target counts."""
   batch = CASES[name][0]()
   graphdef, params, _, _ = _steps(name)
-  loss = jax.jit(lambda b: get_objective(name)(nnx.merge(graphdef, params), b, None)[0])
+  loss_fn = get_objective(name, CASES[name][2])
+  loss = jax.jit(lambda b: loss_fn(nnx.merge(graphdef, params), b, None)[0])
   micro = split(batch, 2)
   means = [loss({k: v[i] for k, v in micro.items()}) for i in range(2)]
   assert abs(float(np.mean(means)) - float(loss(batch))) > 1e-3

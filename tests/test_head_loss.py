@@ -1,8 +1,8 @@
-"""Head losses (`head_loss.py`, `RunControl.loss_chunk`): `cross_entropy`'s outputs and
-gradients, whole row and chunked, equal plain autodiff over the full logits; every objective's
-loss, metrics and gradients with a chunk that does not divide the row equal the whole-row path;
-the whole row's gradient recomputes no logits; and the chunked step's temporaries stay far below
-the full-logits figure at a large vocabulary."""
+"""Head losses (`head_loss.py`, `RunControl.loss_chunk`): `token_nll`'s and
+`pair_cross_entropy`'s outputs and gradients, whole row and chunked, equal plain autodiff over
+the full logits; every objective's loss, metrics and gradients with a chunk that does not
+divide the row equal the whole-row path; the whole row's gradient recomputes no logits; and the
+chunked step's temporaries stay far below the full-logits figure at a large vocabulary."""
 
 import types
 
@@ -45,6 +45,7 @@ def _teacher_rows():
 
 
 def _jacobi_rows():
+  """Two rows of 19 slots: prompt region 7 (`prompt_len`), streams of 2 blocks of 3."""
   r = np.random.default_rng(1)
   rows = []
   for p in (3, 5):  # unequal prompts: pairs sit at other offsets in each row
@@ -60,72 +61,77 @@ CASES = {  # name: (objective args, model overrides, batch)
     "ar": ({}, {}, {**_teacher_rows()}),
     "tidar": ({"block_size": [2, 4]}, {"mask_token_id": 2}, TOKENS),
     "asarm": ({}, {"two_stream": True}, {**TOKENS, "step": jnp.array([7, 7])}),
-    "jacobi_forcing": ({}, {}, _jacobi_rows()),
-    "jacobi_forcing_hard": ({"consistency": "hard"}, {}, _jacobi_rows()),
+    "jacobi_forcing": ({"prompt_len": 7}, {}, _jacobi_rows()),
+    "jacobi_forcing_hard": ({"consistency": "hard", "prompt_len": 7}, {}, _jacobi_rows()),
     "deer_stage1": ({}, {"mask_token_id": 2, "sep_token_id": 3}, _teacher_rows()),
     "deer_stage2": ({"blocks": 2, "max_masked": 4}, {"mask_token_id": 2, "sep_token_id": 3},
                     _teacher_rows()),
 }
 
 
-def _reference(x_BxTxD, w_DxV, y_BxTxK, t_BxTxD, tau):
-  """`cross_entropy`'s outputs from the full float32 logits, by optax and plain autodiff."""
-  z = jnp.einsum("btd,dv->btv", x_BxTxD, w_DxV)
-  nll = jnp.stack([optax.softmax_cross_entropy_with_integer_labels(z, y_BxTxK[..., k])
-                   for k in range(y_BxTxK.shape[-1])], -1)
-  out = {"nll": nll, "hit": (jnp.argmax(z, -1)[..., None] == y_BxTxK).astype(jnp.float32)}
-  if t_BxTxD is not None:
-    u = jax.lax.stop_gradient(jnp.einsum("btd,dv->btv", t_BxTxD, w_DxV))
-    out["soft"] = -jnp.sum(jax.nn.softmax(u / tau) * jax.nn.log_softmax(z / tau), -1) * tau ** 2
+def _reference(x_BxTxRxD, w_DxV, y_BxT, tau):
+  """The head's outputs from the full float32 logits, by optax and plain autodiff."""
+  z = jnp.einsum("btrd,dv->btrv", x_BxTxRxD, w_DxV)
+  y = jnp.broadcast_to(y_BxT[..., None], z.shape[:-1])
+  out = {"nll": optax.softmax_cross_entropy_with_integer_labels(z, y),
+         "hit": (jnp.argmax(z, -1) == y).astype(jnp.float32)}
+  if tau is not None:  # the student (row 1) against the teacher's (row 0) detached logits
+    u = jax.lax.stop_gradient(z[:, :, 0])
+    out["soft"] = -jnp.sum(jax.nn.softmax(u / tau) * jax.nn.log_softmax(z[:, :, 1] / tau),
+                           -1) * tau ** 2
   return out
 
 
 def _fused(chunk):
-  def run(x_BxTxD, w_DxV, y_BxTxK, t_BxTxD, tau):
+  """The head as `head_loss` computes it: `token_nll` for one row a position, else
+  `pair_cross_entropy`."""
+  def run(x_BxTxRxD, w_DxV, y_BxT, tau):
     model = types.SimpleNamespace(unembedding=lambda: w_DxV, run=pf.RunControl(loss_chunk=chunk))
-    return head_loss.cross_entropy(model, x_BxTxD, y_BxTxK, t_BxTxD, tau)
+    if x_BxTxRxD.shape[2] == 1:
+      nll, hit = head_loss.token_nll(model, x_BxTxRxD[:, :, 0], y_BxT)
+      return {"nll": nll[..., None], "hit": hit[..., None]}
+    return head_loss.pair_cross_entropy(model, x_BxTxRxD, y_BxT, tau)
   return run
 
 
-def _inputs(k: int, teacher: bool):
-  """x, w, K targets, teacher (or None), weights of the outputs: [2, 13] positions, D 8, V 50;
-  the targets include each row's argmax (hits) and the largest and smallest ids."""
-  r = np.random.default_rng(0)
-  x, w = r.normal(size=(2, 13, 8)).astype(np.float32), r.normal(size=(8, 50)).astype(np.float32)
-  y = r.integers(0, 50, (2, 13, k))
-  y[:, :4, 0] = np.argmax(x @ w, -1)[:, :4]
+def _inputs(r: int):
+  """x `[2, 13, r, 8]`, w `[8, 50]`, targets, weights of the outputs; the targets include
+  some rows' argmax (hits) and the largest and smallest ids."""
+  g = np.random.default_rng(0)
+  x, w = g.normal(size=(2, 13, r, 8)).astype(np.float32), g.normal(size=(8, 50)).astype(np.float32)
+  y = g.integers(0, 50, (2, 13))
+  y[:, :4] = np.argmax(x @ w, -1)[:, :4, 0]
   y[0, 5], y[1, 5] = 0, 49
-  t = r.normal(size=(2, 13, 8)).astype(np.float32) if teacher else None
-  coefs = {"nll": r.normal(size=(2, 13, k)), "hit": r.normal(size=(2, 13, k)),
-           "soft": r.normal(size=(2, 13))}
-  return jnp.asarray(x), jnp.asarray(w), jnp.asarray(y, jnp.int32), t, coefs
+  coefs = {"nll": g.normal(size=(2, 13, r)), "hit": g.normal(size=(2, 13, r)),
+           "soft": g.normal(size=(2, 13))}
+  return jnp.asarray(x), jnp.asarray(w), jnp.asarray(y, jnp.int32), coefs
 
 
-@pytest.mark.parametrize("k, teacher, tau", [(1, False, 1.0), (2, True, 1.0), (2, True, 2.0)])
+@pytest.mark.parametrize("r, tau", [(1, None), (2, None), (2, 1.0), (2, 2.0)])
 @pytest.mark.parametrize("chunk", [None, 5, 1])
-def test_cross_entropy_equals_autodiff_of_the_full_logits(k, teacher, tau, chunk):
+def test_head_equals_autodiff_of_the_full_logits(r, tau, chunk):
   """Outputs and gradients (x, w) within 1e-5 in float32, whole row (None) and in chunks (5:
-  not dividing the 13 positions); the teacher gets no gradient."""
-  x, w, y, t, coefs = _inputs(k, teacher)
+  not dividing the 13 positions); the soft term sends the teacher row no gradient."""
+  x, w, y, coefs = _inputs(r)
 
-  def loss(fn):
-    def value(x, w, t):
-      out = fn(x, w, y, t, tau)
-      return sum(jnp.sum(out[name] * c) for name, c in coefs.items() if name in out), out
-    return jax.jit(jax.value_and_grad(value, argnums=(0, 1, 2) if teacher else (0, 1),
-                                      has_aux=True))
+  def loss(fn, names=tuple(coefs)):
+    def value(x, w):
+      out = fn(x, w, y, tau)
+      return sum(jnp.sum(out[n] * coefs[n]) for n in names if n in out) + 0.0, out
+    return jax.jit(jax.value_and_grad(value, argnums=(0, 1), has_aux=True))
 
   with jax.default_matmul_precision("highest"):
-    (_, want), grads = loss(_reference)(x, w, t)
-    (_, got), grads_c = loss(_fused(chunk))(x, w, t)
+    (_, want), grads = loss(_reference)(x, w)
+    (_, got), grads_c = loss(_fused(chunk))(x, w)
+    soft_dx = loss(_fused(chunk), ("soft",))(x, w)[1][0] if tau is not None else None
   assert set(got) == set(want)
   for name in want:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
   for g, gc in zip(grads, grads_c):
     scale = float(jnp.abs(g).max()) + 1e-12
     np.testing.assert_allclose(gc / scale, g / scale, atol=1e-5)
-  if teacher:
-    assert not np.any(grads_c[2])
+  if tau is not None:
+    assert not np.any(soft_dx[:, :, 0]) and np.any(soft_dx[:, :, 1])
 
 
 def _dots(jaxpr) -> int:
@@ -139,12 +145,14 @@ def _dots(jaxpr) -> int:
   return n
 
 
+@pytest.mark.parametrize("r, tau", [(1, None), (2, 1.0), (2, 2.0)])
 @pytest.mark.parametrize("chunk, dots", [(None, 3), (5, 4)])
-def test_the_whole_row_gradient_recomputes_no_logits(chunk, dots):
+def test_the_whole_row_gradient_recomputes_no_logits(r, tau, chunk, dots):
   """Whole row: the head's forward and its two gradient matmuls; chunked: each chunk's logits
-  once more in the backward pass."""
-  x, w, y, _, _ = _inputs(1, False)
-  grad = jax.grad(lambda x, w: jnp.sum(_fused(chunk)(x, w, y, None, 1.0)["nll"]), (0, 1))
+  once more in the backward pass. A pair's teacher is projected with its student, once."""
+  x, w, y, _ = _inputs(r)
+  grad = jax.grad(lambda x, w: sum(jnp.sum(v) for v in _fused(chunk)(x, w, y, tau).values()),
+                  (0, 1))
   assert _dots(jax.make_jaxpr(grad)(x, w).jaxpr) == dots
 
 

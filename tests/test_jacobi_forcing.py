@@ -188,12 +188,12 @@ def test_jacobi_forcing_loss_gradients_follow_the_recipe(model):
   ex = jf.example(np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]),
                   np.array([[1, 2, 3], [4, 5, 6]]), 16)
   batch = {k: jnp.asarray(np.stack([v, v])) for k, v in ex.items()}
-  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=10.0)
+  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=10.0, prompt_len=4)
   np.testing.assert_allclose(loss, m["consistency"] + 10 * m["ar_loss"], rtol=1e-6)
   assert 0 <= m["noisy_accuracy"] <= 1 and m["consistency"] > 0
   # with no consistency slots the loss is exactly w * AR
   zero = {**batch, "kl_weights": jnp.zeros_like(batch["kl_weights"])}
-  loss0, m0 = jf.jacobi_forcing_loss(model, zero, None, ar_weight=3.0)
+  loss0, m0 = jf.jacobi_forcing_loss(model, zero, None, ar_weight=3.0, prompt_len=4)
   np.testing.assert_allclose(loss0, 3 * m0["ar_loss"], rtol=1e-6)
   # the teacher is detached: when noisy rows equal clean rows the student's logits equal the
   # teacher's and the soft CE's gradient softmax(z) - p vanishes; a live teacher would add the
@@ -204,10 +204,10 @@ def test_jacobi_forcing_loss_gradients_follow_the_recipe(model):
   same["kl_weights"] = jnp.where(same["kinds"] == masks.NOISY, 1.0, 0.0)
   graphdef, params = nnx.split(model)
   grad = jax.grad(lambda p: jf.jacobi_forcing_loss(nnx.merge(graphdef, p), same, None,
-                                                   ar_weight=0.0)[0])(params)
+                                                   ar_weight=0.0, prompt_len=4)[0])(params)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grad)) < 1e-5
   ar_grad = jax.grad(lambda p: jf.jacobi_forcing_loss(nnx.merge(graphdef, p), same, None,
-                                                      ar_weight=1.0)[0])(params)
+                                                      ar_weight=1.0, prompt_len=4)[0])(params)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ar_grad)) > 1e-3
 
 
@@ -216,7 +216,8 @@ def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
   ex = jf.example(np.array([5, 6, 7]), np.array([[1, 9, 9], [8, 2, 3]]),
                   np.array([[1, 2, 3], [4, 5, 6]]), 16)
   batch = {k: jnp.asarray(v[None]) for k, v in ex.items()}
-  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=2.0, consistency="hard")
+  loss, m = jf.jacobi_forcing_loss(model, batch, None, ar_weight=2.0, consistency="hard",
+                                  prompt_len=4)
   logits, _ = model(batch["tokens"], batch["positions"],
                     masks.noise_aware(batch["kinds"], batch["valid"]))
   logp = np.asarray(jax_log_softmax(logits[0]))
@@ -226,7 +227,72 @@ def test_hard_consistency_is_cross_entropy_against_the_fixed_point(model):
   np.testing.assert_allclose(m["consistency"], want, rtol=1e-5)
   np.testing.assert_allclose(loss, want + 2 * m["ar_loss"], rtol=1e-5)
   with pytest.raises(ValueError, match="consistency must be"):
-    jf.jacobi_forcing_loss(model, batch, None, consistency="kl")
+    jf.jacobi_forcing_loss(model, batch, None, consistency="kl", prompt_len=4)
+  with pytest.raises(ValueError, match="jacobi_forcing needs objective_args.prompt_len"):
+    jf.jacobi_forcing_loss(model, batch, None)
+  with pytest.raises(ValueError, match="rows of 16 slots cannot be a prompt region of 5"):
+    jf.jacobi_forcing_loss(model, batch, None, prompt_len=5)
+
+
+@pytest.mark.parametrize("consistency, temperature", [("soft", 1.0), ("soft", 2.0),
+                                                      ("hard", 1.0)])
+def test_loss_metrics_and_gradients_equal_the_per_slot_definition(model, consistency,
+                                                                  temperature):
+  """The paired head (each slot projected once, a noisy slot's teacher its clean twin's
+  logits) gives what the recipe defines slot by slot on the full logits, each noisy slot
+  against its `partner`'s detached logits, in float32: rows with unequal prompts (the noisy
+  stream at other slots), whole row and in chunks."""
+  import jax
+  import optax
+  from flax import nnx
+  import paraflax as pf
+  from paraflax.training.objectives.means import Mean
+  g = np.random.default_rng(0)
+  rows = []
+  for p in (2, 4):  # prompt region 4: the second row's prompt fills it
+    clean = g.integers(4, 40, (2, 3))
+    noisy = np.where(g.random((2, 3)) < 0.5, clean, g.integers(4, 40, (2, 3)))
+    rows.append(jf.example(g.integers(4, 40, p), noisy, clean, 16))
+  batch = {k: jnp.asarray(np.stack([a[k], b[k]])) for k, (a, b) in
+           ((k, (rows[0], rows[1])) for k in rows[0])}
+  tau = temperature
+
+  def reference(m):
+    z, _ = m(batch["tokens"], batch["positions"],
+             masks.noise_aware(batch["kinds"], batch["valid"]))
+    nll = lambda y: optax.softmax_cross_entropy_with_integer_labels(z, y)
+    hit = lambda y: (jnp.argmax(z, -1) == y).astype(jnp.float32)
+    partner, w = batch["partner"], batch["kl_weights"]
+    y_n = jnp.take_along_axis(batch["ar_targets"], partner, 1)
+    has = w * jnp.take_along_axis(batch["ar_weights"], partner, 1)
+    u = jax.lax.stop_gradient(jnp.take_along_axis(z, partner[..., None], 1))
+    soft = -jnp.sum(jax.nn.softmax(u / tau) * jax.nn.log_softmax(z / tau), -1) * tau ** 2
+    ar = Mean.of(nll(batch["ar_targets"]), batch["ar_weights"]).value
+    c = (Mean.of(nll(y_n), has) if consistency == "hard" else Mean.of(soft, w)).value
+    return c + 10.0 * ar, {"ar_loss": ar, "consistency": c,
+                           "accuracy": Mean.of(hit(batch["ar_targets"]), batch["ar_weights"]).value,
+                           "noisy_accuracy": Mean.of(hit(y_n), has).value}
+
+  def paired(chunk):
+    def run(m):
+      m.run = pf.RunControl(loss_chunk=chunk)
+      return jf.jacobi_forcing_loss(m, batch, None, temperature=tau, consistency=consistency,
+                                    prompt_len=4)
+    return run
+
+  graphdef, params = nnx.split(model)
+  with jax.default_matmul_precision("highest"):
+    def grads(fn):
+      return jax.value_and_grad(lambda p: fn(nnx.merge(graphdef, p)), has_aux=True)(params)
+    (want, want_m), want_g = grads(reference)
+    for chunk in (None, 3):
+      (got, got_m), got_g = grads(paired(chunk))
+      np.testing.assert_allclose(got, want, rtol=1e-5)
+      for k in want_m:
+        np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5, atol=1e-7, err_msg=k)
+      for a, b in zip(jax.tree.leaves(want_g), jax.tree.leaves(got_g)):
+        scale = float(jnp.abs(a).max()) + 1e-12
+        np.testing.assert_allclose(b / scale, a / scale, atol=1e-5)
 
 
 def jax_log_softmax(x):
@@ -238,7 +304,8 @@ def jax_log_softmax(x):
 def test_the_trainer_and_the_dry_run_take_the_prompt_region_from_the_store(model, tmp_path):
   """A run's rows fix Jacobi Forcing's `prompt_len` (its windows' bounds): filled in from the
   store's meta, a different configured value refused, nothing filled for an objective that
-  does not take it, nor for a dry run before the store exists."""
+  does not take it; a dry run before the store exists takes the source's stand-in (a prompt
+  region of 0: streams of half the row)."""
   from paraflax.training.config.train import apply_overrides, load_config
   from paraflax.training.stores import trajectories as tr
   tokens = np.random.default_rng(1).integers(4, 48, 500).astype(np.int32)
@@ -257,7 +324,9 @@ def test_the_trainer_and_the_dry_run_take_the_prompt_region_from_the_store(model
   ar = apply_overrides(cfg, {"objective": "ar"})
   assert ar.with_row_args() == ar
   missing = apply_overrides(cfg, {"data_source_args.path": str(tmp_path / "none")})
-  assert missing.with_row_args(missing_ok=True) == missing
+  assert dict(missing.with_row_args(missing_ok=True).objective_args)["prompt_len"] == 0
+  odd = apply_overrides(missing, {"data.seq_len": 25})
+  assert dict(odd.with_row_args(missing_ok=True).objective_args)["prompt_len"] == 1
   with pytest.raises(FileNotFoundError, match="no trajectory store"):
     missing.with_row_args()
   # `train --dry-run` compiles the run's program: the store's prompt region, in its FLOPs too

@@ -47,7 +47,8 @@ class DataSource(Protocol):
   anything (`batch_shapes`; what `train --dry-run` compiles with).
   Optional `objective_args(data) -> {name: value}`: the objective arguments its rows fix
   (a store's layout), read without opening the rows; FileNotFoundError when there is nothing
-  to read yet (`TrainConfig.with_row_args`).
+  to read yet (`TrainConfig.with_row_args`). Optional `stand_in_args(data)`: those a dry run
+  compiles with before there is anything to read, where the objective needs them.
   """
 
   fields: ClassVar[tuple[str, ...]]

@@ -158,13 +158,12 @@ class TrainConfig:
     """This config with the objective arguments its data source's rows fix (the optional
     `DataSource.objective_args`: a store's max_prompt_len, Jacobi Forcing's and DEER Stage
     I's `prompt_len`) set (`with_fixed_args`). With `missing_ok` a source with nothing to read
-    yet (a store not collected, for `train --dry-run`) fixes none."""
-    fixed = getattr(self.source, "objective_args", None)
+    yet (a store not collected, for `train --dry-run`) fixes its `stand_in_args`, if any."""
     try:
-      return self.with_fixed_args({} if fixed is None else fixed(self.data))
+      return self.with_fixed_args(_call(self.source, "objective_args", self.data))
     except FileNotFoundError:
       if missing_ok:
-        return self
+        return self.with_fixed_args(_call(self.source, "stand_in_args", self.data))
       raise
 
   def with_fixed_args(self, fixed: Mapping[str, Any]) -> TrainConfig:
@@ -210,6 +209,12 @@ class TrainConfig:
       if name in d:
         d[name] = _section(section, d[name], f"{name}.")
     return _section(cls, d, "")
+
+
+def _call(source, method: str, data) -> dict:
+  """`source.method(data)` of an optional `DataSource` method; {} without one."""
+  fn = getattr(source, method, None)
+  return {} if fn is None else fn(data)
 
 
 def _section(cls, d, prefix: str):

@@ -1,17 +1,20 @@
 """Per-position losses through the output head in a few large kernels, so a loss holds the
 float32 logits `[B, T, V]` of a whole row only while they fit (`RunControl.loss_chunk`).
 
-`cross_entropy(model, hidden, targets_BxTxK, teacher, temperature)` gives each position's NLL
-and argmax hit of K integer targets and, given a teacher's hidden states (projected by the same
-head, detached), its soft cross entropy; `token_nll` is the one-target case every objective
-uses (Jacobi Forcing takes two targets and the teacher). A custom VJP writes the gradient of
-the logits z itself, with u the teacher's logits and tau the temperature:
+`token_nll(model, hidden, targets)` gives each position's NLL and argmax hit (every objective
+but Jacobi Forcing). `pair_cross_entropy(model, pairs, targets, temperature)` takes two rows a
+position, a teacher and its student with one target, and gives both rows' NLL and hit and the
+student's soft cross entropy against the teacher's logits, detached (Jacobi Forcing: a clean
+slot and its noisy twin). The teacher's logits are its own row's: no row is projected twice.
+A custom VJP writes the gradient of the logits z itself, with a and c the NLL's and the soft
+term's cotangents, u the teacher's logits and tau the temperature:
 
-  dz = sum_k dnll_k (softmax(z) - onehot(y_k)) + dsoft tau (softmax(z/tau) - softmax(u/tau))
+  dz = a (softmax(z) - onehot(y)), and the student's + c tau (softmax(z/tau) - softmax(u/tau))
 
 so the targets need no scatter, and the hit is the target's logit being the largest (no argmax).
-The max and the sum of exponentials come from one reduction (an online softmax's pair). The
-chunk is `RunControl.loss_chunk` (`chunk_size`):
+The max and the sum of exponentials come from one reduction (an online softmax's pair); at
+tau = 1 the soft part is the two rows' softmaxes' difference, so only softmax(z) is kept. The
+chunk is `RunControl.loss_chunk` (`chunk_size`, in positions: a pair's two rows together):
   - a chunk covering the row (tiny demo shapes; any row whose logits fit): no loop. The forward
     is the head's gemm and its reductions; the backward one elementwise pass (from the kept
     softmax, or the logits XLA may keep instead) and two gemms: no logits are recomputed;
@@ -50,139 +53,146 @@ def chunk_size(setting: int | None, b: int, t: int, v: int) -> int:
   `LOGITS_BUDGET`, else the fewest equal chunks that do. `b`: the rows one device holds."""
   if setting is not None:
     return min(setting, t)
-  n = -(-(b * t * v * 4) // LOGITS_BUDGET)
+  n = max(1, -(-(b * t * v * 4) // LOGITS_BUDGET))  # no positions (t = 0): one empty chunk
   return -(-t // n)
 
 
 def token_nll(model, hidden_BxTxD, targets_BxT):
   """(nll, argmax hit) `[B, T]` float32 of `targets` under the logits of `hidden`."""
-  out = cross_entropy(model, hidden_BxTxD, targets_BxT[..., None])
+  out = _head(model, hidden_BxTxD[:, :, None], targets_BxT, None)
   return out["nll"][..., 0], out["hit"][..., 0]
 
 
-def cross_entropy(model, hidden_BxTxD, targets_BxTxK, teacher_BxTxD=None,
-                  temperature: float = 1.0) -> dict:
-  """{"nll", "hit"} `[B, T, K]` float32 of K integer targets per position ("hit": the
-  target's logit is the largest) and, with `teacher` (hidden states `[B, T, D]`, detached),
-  "soft" `[B, T]`: -sum softmax(u/tau) log_softmax(z/tau) x tau^2, u the teacher's logits."""
-  b, t, _ = hidden_BxTxD.shape
+def pair_cross_entropy(model, pairs_BxTx2xD, targets_BxT, temperature: float | None = 1.0):
+  """{"nll", "hit"} `[B, T, 2]` float32 of each position's two rows (hidden states `[B, T, 2,
+  D]`: the teacher's, then its student's) against the position's target and, unless
+  `temperature` is None, "soft" `[B, T]`: the student's -sum softmax(u/tau) log_softmax(z/tau)
+  x tau^2, u the teacher row's logits (detached: the soft term sends the teacher no gradient)."""
+  tau = None if temperature is None else float(temperature)
+  return _head(model, pairs_BxTx2xD, targets_BxT, tau)
+
+
+def _head(model, x_BxTxRxD, y_BxT, tau):
+  b, t, r, _ = x_BxTxRxD.shape
   w_DxV = model.unembedding()
   rows = b // sharding.batch_shards(b)  # per device: the batch is split over a mesh's axes
-  chunk = chunk_size(model.run.loss_chunk, rows, t, w_DxV.shape[1])
-  if teacher_BxTxD is not None:
-    teacher_BxTxD = jax.lax.stop_gradient(teacher_BxTxD)
-  return _cross_entropy(chunk, float(temperature), hidden_BxTxD, w_DxV, targets_BxTxK,
-                        teacher_BxTxD)
+  chunk = chunk_size(model.run.loss_chunk, rows * r, t, w_DxV.shape[1])
+  return _cross_entropy(chunk, tau, x_BxTxRxD, w_DxV, y_BxT)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _cross_entropy(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD):
-  return _forward(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD)[0]
+def _cross_entropy(chunk, tau, x_BxTxRxD, w_DxV, y_BxT):
+  return _forward(chunk, tau, x_BxTxRxD, w_DxV, y_BxT)[0]
 
 
-def _forward(chunk, tau, x_BxTxD, w_DxV, y_BxTxK, u_BxTxD):
-  """The outputs, and what the backward keeps: the gradient's dense parts in the compute dtype
-  (whole row) or each chunk's log-sum-exps."""
-  t = x_BxTxD.shape[1]
-  w_c = w_DxV.astype(x_BxTxD.dtype)
-  inputs = (x_BxTxD, y_BxTxK, u_BxTxD)
+def _forward(chunk, tau, x_BxTxRxD, w_DxV, y_BxT):
+  """The outputs, and what the backward keeps: softmax(z) (and, at tau != 1, the soft term's
+  part) in the compute dtype (whole row) or each chunk's log-sum-exps."""
+  t = x_BxTxRxD.shape[1]
+  w_c = w_DxV.astype(x_BxTxRxD.dtype)
   if chunk >= t:
-    z, u = _logits(x_BxTxD, u_BxTxD, w_c)
-    out, lses = _stats(z, y_BxTxK, u, tau)
-    dense = jax.tree.map(lambda a: a.astype(x_BxTxD.dtype), _dense(z, u, lses, tau))
-    return out, (inputs, w_DxV, dense)
+    z = _logits(x_BxTxRxD, w_c)
+    out, lses = _stats(z, y_BxT, tau)
+    dense = jax.tree.map(lambda a: a.astype(x_BxTxRxD.dtype), _dense(z, lses, tau))
+    return out, ((x_BxTxRxD, y_BxT), w_DxV, dense)
 
-  def chunk_stats(xyu):
-    x, y, u = xyu
-    z, u = _logits(x, u, w_c)
-    return _stats(z, y, u, tau)
+  def chunk_stats(xy):
+    x, y = xy
+    return _stats(_logits(x, w_c), y, tau)
 
-  out, lses = _map_packed(chunk_stats, _cut(inputs, chunk))  # lses: [n, B, C] each
-  return _join(out, t), (inputs, w_DxV, lses)
+  out, lses = _map_packed(chunk_stats, _cut((x_BxTxRxD, y_BxT), chunk))  # lses: [n, B, C, R]
+  return _join(out, t), ((x_BxTxRxD, y_BxT), w_DxV, lses)
 
 
 def _backward(chunk, tau, res, ct):
-  (x_BxTxD, y_BxTxK, u_BxTxD), w_DxV, kept = res
-  _, t, d = x_BxTxD.shape
-  w_c = w_DxV.astype(x_BxTxD.dtype)
+  (x_BxTxRxD, y_BxT), w_DxV, kept = res
+  t, d = x_BxTxRxD.shape[1], x_BxTxRxD.shape[-1]
+  w_c = w_DxV.astype(x_BxTxRxD.dtype)
   cts = (ct["nll"], ct.get("soft"))  # the hit has no gradient
   if chunk >= t:
-    dz = _dlogits(*kept, y_BxTxK, *cts, x_BxTxD.dtype)
-    dx, dw = _head_grads(x_BxTxD, w_c, dz)
+    dz = _dlogits(*kept, y_BxT, *cts, tau, x_BxTxRxD.dtype)
+    dx, dw = _head_grads(x_BxTxRxD, w_c, dz)
   else:
     per_position, unpack = _pack((_cut(cts, chunk), kept), 3)  # [n, B, C, S]: one slice a chunk
 
     def step(dw, xs):
-      (x, y, u), packed = xs
+      (x, y), packed = xs
       (a, c), lses = unpack(packed)
-      z, u = _logits(x, u, w_c)
-      dx, dw_c = _head_grads(x, w_c, _dlogits(*_dense(z, u, lses, tau), y, a, c, x.dtype))
+      dz = _dlogits(*_dense(_logits(x, w_c), lses, tau), y, a, c, tau, x.dtype)
+      dx, dw_c = _head_grads(x, w_c, dz)
       return dw + dw_c, dx
 
-    xs = (_cut((x_BxTxD, y_BxTxK, u_BxTxD), chunk), per_position)
+    xs = (_cut((x_BxTxRxD, y_BxT), chunk), per_position)
     dw, dx = jax.lax.scan(step, jnp.zeros((d, w_DxV.shape[1]), jnp.float32), xs)
     dx = _join(dx, t)
-  return dx, dw.astype(w_DxV.dtype), None, None
+  return dx, dw.astype(w_DxV.dtype), None
 
 
 _cross_entropy.defvjp(_forward, _backward)
 
 
-def _logits(x_BxCxD, u_BxCxD, w_c):
-  """float32 logits `[B, C, V]` of the positions and of their teacher (None without one)."""
-  return project(x_BxCxD, w_c), None if u_BxCxD is None else project(u_BxCxD, w_c)
+def _logits(x_BxCxRxD, w_c):
+  """float32 logits `[B, C, R, V]` of each position's rows."""
+  b, c, r, d = x_BxCxRxD.shape
+  return project(x_BxCxRxD.reshape(b, c * r, d), w_c).reshape(b, c, r, w_c.shape[1])
 
 
-def _stats(z_BxCxV, y_BxCxK, u_BxCxV, tau):
-  """(outputs, log-sum-exps) of one chunk's logits `z` and teacher logits `u` (or None)."""
-  m_BxC, s_BxC = _max_and_sum_exp(z_BxCxV)
-  lse = m_BxC + jnp.log(s_BxC)
-  z_y = jnp.take_along_axis(z_BxCxV, y_BxCxK, -1)
-  out = {"nll": lse[..., None] - z_y, "hit": (z_y >= m_BxC[..., None]).astype(jnp.float32)}
+def _stats(z_BxCxRxV, y_BxC, tau):
+  """(outputs, log-sum-exps `[B, C, R]`) of one chunk's logits; with `tau`, a pair's soft term
+  (row 1 against row 0) and, at tau != 1, both rows' log-sum-exps at tau."""
+  m, s = _max_and_sum_exp(z_BxCxRxV)
+  lse = m + jnp.log(s)
+  r = z_BxCxRxV.shape[2]
+  z_y = jnp.take_along_axis(z_BxCxRxV, jnp.broadcast_to(y_BxC[:, :, None, None],
+                                                        (*y_BxC.shape, r, 1)), -1)[..., 0]
+  out = {"nll": lse - z_y, "hit": (z_y >= m).astype(jnp.float32)}
   lses = {"z": lse}
-  if u_BxCxV is not None:
-    lses["z_tau"] = lse if tau == 1 else _logsumexp(z_BxCxV / tau)
-    lses["u_tau"] = _logsumexp(u_BxCxV / tau)
-    q = jnp.exp(u_BxCxV / tau - lses["u_tau"][..., None])
-    out["soft"] = tau * (tau * lses["z_tau"] - jnp.sum(q * z_BxCxV, -1))
+  if tau is not None:
+    u, z = z_BxCxRxV[:, :, 0], z_BxCxRxV[:, :, 1]  # the teacher's logits, the student's
+    at_tau = lse if tau == 1 else _logsumexp(z_BxCxRxV / tau)  # [B, C, 2]
+    if tau != 1:
+      lses["tau"] = at_tau
+    q = jnp.exp(u / tau - at_tau[..., :1])
+    out["soft"] = tau * (tau * at_tau[..., 1] - jnp.sum(q * z, -1))
   return out, lses
 
 
-def _max_and_sum_exp(z_BxCxV):
-  """(max z, sum exp(z - max z)) `[B, C]` in one pass over the vocabulary (an online
+def _max_and_sum_exp(z):
+  """(max z, sum exp(z - max z)) over the last axis in one pass over the vocabulary (an online
   softmax's running pair, rescaled as the maximum grows)."""
   def combine(a, b):
     m = jnp.maximum(a[0], b[0])
     return m, a[1] * jnp.exp(a[0] - m) + b[1] * jnp.exp(b[0] - m)
   # the lowest finite float starts the maximum: identities combined give sum 0, not NaN
   init = (jnp.float32(jnp.finfo(jnp.float32).min), jnp.float32(0))
-  return jax.lax.reduce((z_BxCxV, jnp.ones_like(z_BxCxV)), init, combine, (2,))
+  return jax.lax.reduce((z, jnp.ones_like(z)), init, combine, (z.ndim - 1,))
 
 
-def _logsumexp(z_BxCxV):
-  m_BxC, s_BxC = _max_and_sum_exp(z_BxCxV)
-  return m_BxC + jnp.log(s_BxC)
+def _logsumexp(z):
+  m, s = _max_and_sum_exp(z)
+  return m + jnp.log(s)
 
 
-def _dense(z_BxCxV, u_BxCxV, lses, tau):
-  """The logits' gradient parts that fill the vocabulary: softmax(z) and, with a teacher,
-  tau (softmax(z/tau) - softmax(u/tau)) (None without)."""
-  p = jnp.exp(z_BxCxV - lses["z"][..., None])
-  if u_BxCxV is None:
+def _dense(z_BxCxRxV, lses, tau):
+  """The logits' gradient parts that fill the vocabulary: softmax(z) `[B, C, R, V]` and, at
+  tau != 1, the soft term's tau (softmax(z/tau) - softmax(u/tau)) `[B, C, V]` (else None:
+  at tau = 1 it is the rows' softmaxes' difference)."""
+  p = jnp.exp(z_BxCxRxV - lses["z"][..., None])
+  if "tau" not in lses:
     return p, None
-  p_tau = p if tau == 1 else jnp.exp(z_BxCxV / tau - lses["z_tau"][..., None])
-  return p, tau * (p_tau - jnp.exp(u_BxCxV / tau - lses["u_tau"][..., None]))
+  q = jnp.exp(z_BxCxRxV / tau - lses["tau"][..., None])
+  return p, tau * (q[:, :, 1] - q[:, :, 0])
 
 
-def _dlogits(p_BxCxV, soft_BxCxV, y_BxCxK, a_BxCxK, c_BxC, dtype):
-  """The logits' gradient `[B, C, V]` in `dtype`: sum_k a_k (p - onehot(y_k)) + c soft, one
-  elementwise pass (the one-hots compared in place)."""
-  g = p_BxCxV.astype(jnp.float32) * jnp.sum(a_BxCxK, -1)[..., None]
-  v = jax.lax.broadcasted_iota(jnp.int32, p_BxCxV.shape, 2)
-  for k in range(y_BxCxK.shape[-1]):
-    g = g - jnp.where(v == y_BxCxK[..., k:k + 1], a_BxCxK[..., k:k + 1], 0.0)
-  if soft_BxCxV is not None:
-    g = g + c_BxC[..., None] * soft_BxCxV.astype(jnp.float32)
+def _dlogits(p_BxCxRxV, soft_BxCxV, y_BxC, a_BxCxR, c_BxC, tau, dtype):
+  """The logits' gradient `[B, C, R, V]` in `dtype`: a (p - onehot(y)), plus c x the soft part
+  on the student's row; one elementwise pass (the one-hot compared in place)."""
+  p = p_BxCxRxV.astype(jnp.float32)
+  v = jax.lax.broadcasted_iota(jnp.int32, p.shape, 3)
+  g = a_BxCxR[..., None] * jnp.where(v == y_BxC[:, :, None, None], p - 1.0, p)
+  if c_BxC is not None:
+    soft = p[:, :, 1] - p[:, :, 0] if soft_BxCxV is None else soft_BxCxV.astype(jnp.float32)
+    g = jnp.stack([g[:, :, 0], g[:, :, 1] + c_BxC[..., None] * soft], 2)
   return g.astype(dtype)
 
 
@@ -196,11 +206,11 @@ def _einsum_f32(spec: str, a, b):
   return jax.lax.platform_dependent(a, b, cpu=cast, default=mixed)
 
 
-def _head_grads(x_BxCxD, w_c, dz_BxCxV):
+def _head_grads(x_BxCxRxD, w_c, dz_BxCxRxV):
   """(dx in x's dtype, dw float32 `[D, V]`) of the logits' gradient `dz`."""
-  dx = _einsum_f32("bcv,dv->bcd", dz_BxCxV, w_c)
-  dw = _einsum_f32("bcd,bcv->dv", x_BxCxD, dz_BxCxV)
-  return dx.astype(x_BxCxD.dtype), dw
+  dx = _einsum_f32("bcrv,dv->bcrd", dz_BxCxRxV, w_c)
+  dw = _einsum_f32("bcrd,bcrv->dv", x_BxCxRxD, dz_BxCxRxV)
+  return dx.astype(x_BxCxRxD.dtype), dw
 
 
 def _cut(tree, chunk: int):

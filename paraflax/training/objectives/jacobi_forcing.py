@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from paraflax.data.source import TrainData, register_source
 from paraflax.model import mask_structure
 from paraflax.model.masks import CLEAN, NOISY, PROMPT
-from paraflax.training.objectives.head_loss import cross_entropy
+from paraflax.training.objectives.head_loss import pair_cross_entropy, token_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -173,6 +172,11 @@ class TrajectoryData:
     meta = store.read_meta(self.path, what="trajectory store", command="collect-trajectories")
     return {"prompt_len": meta["max_prompt_len"]}
 
+  def stand_in_args(self, data) -> dict:
+    """What `train --dry-run` compiles with before the store exists: a prompt region of 0 (1
+    for rows of odd length), two streams of half the row each."""
+    return {"prompt_len": data.seq_len % 2}
+
   def shapes(self, data) -> dict:
     """{field: (shape, dtype)} of a batch: every field `[data.batch_size, data.seq_len]`."""
     return {k: ((data.batch_size, data.seq_len), np.dtype(t)) for k, t in DTYPES.items()}
@@ -233,8 +237,9 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
   """Progressive consistency loss + `ar_weight` x AR loss on the clean stream.
 
   `prompt_len`: the rows' prompt region (a trajectory store's `max_prompt_len`; the trainer
-  takes it from the store, `TrajectoryData.objective_args`). With it a kernel attends the
-  streams apart (`mask_structure.noise_aware`), without it the whole row under one mask.
+  takes it from the store, `TrajectoryData.objective_args`; required). A kernel attends the
+  prompt region and the noisy stream under its causal mask and the clean stream apart
+  (`mask_structure.noise_aware`).
 
   Consistency, on `kl_weights` slots (from the first token where a noisy block departs from
   its fixed point):
@@ -244,33 +249,45 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
     "hard": cross entropy against the fixed point's next token (the clean twin's label). The
       target is data, not the live model, so a tiny model cannot lower the loss by making
       both streams degenerate together (which "soft" does on the demo's 1.3M model).
-  The head runs over chunks of positions (`head_loss.cross_entropy`, both targets at once). A
-  pair is never split: each noisy slot gets its clean twin's final hidden state (gathered by
-  `partner`, stop-gradient) at its own position as its teacher, and the chunk projects both, so
-  the teacher logits are computed next to their student's whatever the rows' layout; the
-  gathered copy is `[B, L, D]`.
+  The head projects each slot once (`head_loss`): the prompt region's slots (AR targets), and
+  each clean slot paired with its noisy twin (`pair_cross_entropy`; the twin's target is the
+  clean slot's AR target). The clean slot's logits, detached, are the soft consistency's
+  teacher, so no teacher row is projected.
   """
   del rng
   if consistency not in ("soft", "hard"):
     raise ValueError(f"consistency must be 'soft' or 'hard', got {consistency!r}")
   mask = mask_structure.noise_aware(batch["kinds"], batch["valid"], prompt_len)
   hidden_BxLxD, _ = model(batch["tokens"], batch["positions"], mask, hidden=True)
-  partner = batch["partner"]
-  w = batch["kl_weights"]
-  # the fixed point's next token for each noisy slot: its clean twin's AR target (the last
-  # slot of the last block has none)
-  noisy_targets = jnp.take_along_axis(batch["ar_targets"], partner, 1)
-  has_target = w * jnp.take_along_axis(batch["ar_weights"], partner, 1)
-  targets_BxLx2 = jnp.stack([batch["ar_targets"], noisy_targets], -1)
-  teacher = None
-  if consistency == "soft":  # the clean twin's hidden state at its noisy slot (see above)
-    teacher = jnp.take_along_axis(jax.lax.stop_gradient(hidden_BxLxD), partner[..., None], 1)
-  stats = cross_entropy(model, hidden_BxLxD, targets_BxLx2, teacher, temperature)
-  nll, hit = stats["nll"], stats["hit"]  # [B, L, 2]: the AR target, the fixed point's
-  ar_w = batch["ar_weights"]
-  ar, acc = Mean.of(nll[..., 0], ar_w), Mean.of(hit[..., 0], ar_w)
+  p, s = _regions(batch["tokens"].shape[1], prompt_len)
+  # the noisy stream starts where a row's prompt ends; its slot j is clean slot s + j's twin
+  m = hidden_BxLxD.shape[1] - s
+  noisy_BxM = jnp.argmax(batch["kinds"] == NOISY, 1)[:, None] + jnp.arange(m)
+  twins = jnp.take_along_axis(hidden_BxLxD, noisy_BxM[..., None], 1)
+  pairs_BxMx2xD = jnp.stack([hidden_BxLxD[:, s:], twins], 2)
+  ar_t, ar_w = batch["ar_targets"], batch["ar_weights"]
+  stats = pair_cross_entropy(model, pairs_BxMx2xD, ar_t[:, s:],
+                             temperature if consistency == "soft" else None)
+  nll_p, hit_p = token_nll(model, hidden_BxLxD[:, :p], ar_t[:, :p])
+  nll, hit = stats["nll"], stats["hit"]  # [B, M, 2]: the clean slot's, its noisy twin's
+  ar_w = jnp.concatenate([ar_w[:, :p], ar_w[:, s:]], 1)
+  ar = Mean.of(jnp.concatenate([nll_p, nll[..., 0]], 1), ar_w)
+  acc = Mean.of(jnp.concatenate([hit_p, hit[..., 0]], 1), ar_w)
+  w = jnp.take_along_axis(batch["kl_weights"], noisy_BxM, 1)
+  has_target = w * batch["ar_weights"][:, s:]  # the last slot of the last block has none
   loss_c = (Mean.of(nll[..., 1], has_target) if consistency == "hard"
             else Mean.of(stats["soft"], w))
   return Loss.of(loss_c, (ar_weight, ar)), {
       "ar_loss": ar, "consistency": loss_c, "accuracy": acc,
       "noisy_accuracy": Mean.of(hit[..., 1], has_target)}
+
+
+def _regions(length: int, prompt_len: int | None) -> tuple[int, int]:
+  """(the prompt region's slots P, the clean stream's first slot P + M) of rows of `length`
+  with prompt region `prompt_len` (`example`; `mask_structure.noise_aware` checks the two
+  fit)."""
+  if prompt_len is None:
+    raise ValueError("jacobi_forcing needs objective_args.prompt_len, the rows' prompt region "
+                     "(a trajectory store's max_prompt_len, which the trainer takes from the "
+                     "store)")
+  return prompt_len, (length + prompt_len) // 2

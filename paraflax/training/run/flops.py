@@ -4,7 +4,7 @@
 one optimizer step (forward + backward) of `batch` rows of `seq_len` data tokens. It counts the
 matmuls (elementwise work, the embedding gather and the optimizer update are left out, as usual)
 of what the objective feeds the model (`Work`: TiDAR's doubled row, Jacobi Forcing's packed
-noisy + clean row and its detached teacher head, DEER's blocks, the AS-ARM's query stream), with
+noisy + clean row, DEER's blocks, the AS-ARM's query stream), with
 attention over the (query, key) pairs its mask allows: what an attention kernel that skips
 masked keys must compute. Rematerialisation is not counted (model FLOPs, not hardware FLOPs),
 so MFU compares run controls fairly.
@@ -14,8 +14,7 @@ Per row, D = d_model, Dq = n_heads x head_dim, Dkv = n_kv_heads x head_dim, F = 
     content rows, per layer:         4 D Dkv (k, v)
     each allowed (q, k) pair, layer: 4 Dq (scores and weighted values)
     head rows:                       2 D V
-Training counts 3x the forward (the backward does two matmuls per forward matmul), except the
-detached teacher head of Jacobi Forcing's soft consistency: forward only (1x).
+Training counts 3x the forward (the backward does two matmuls per forward matmul).
 
 `comparison_flops_per_token` is the cross-run yardstick of issue 34's tables: 6 N + 6 L D T
 per data token (N without the embedding lookup when untied). `mfu` divides achieved FLOP/s by
@@ -62,17 +61,16 @@ class Work:
   rows: int  # rows through the layers: each runs q, o and the MLP
   kv_rows: int  # the content rows among them, which also make keys and values
   pairs: float  # (query, key) pairs the mask allows, summed over rows (expected, if drawn)
-  head_rows: int  # rows through the output head, with gradient
-  teacher_rows: int = 0  # rows through the head forward only (a detached teacher)
+  head_rows: int  # rows through the output head
 
 
-def forward_flops(cfg: ModelConfig, work: Work) -> tuple[float, float]:
-  """(FLOPs with gradient, forward-only FLOPs) of one row's forward, by the module formulas."""
+def forward_flops(cfg: ModelConfig, work: Work) -> float:
+  """FLOPs of one row's forward, by the module formulas."""
   d, dh, v = cfg.d_model, cfg.dim_per_head, cfg.vocab_size
   dq, dkv = cfg.n_heads * dh, cfg.n_kv_heads * dh
   layer = work.rows * (4 * d * dq + 6 * d * cfg.d_ff) + work.kv_rows * 4 * d * dkv
   layer += work.pairs * 4 * dq
-  return cfg.n_layers * layer + work.head_rows * 2 * d * v, work.teacher_rows * 2.0 * d * v
+  return cfg.n_layers * layer + work.head_rows * 2 * d * v
 
 
 def train_flops(cfg: ModelConfig, objective: str, batch: int, seq_len: int,
@@ -86,8 +84,7 @@ def train_flops(cfg: ModelConfig, objective: str, batch: int, seq_len: int,
   work = objective_work(cfg, objective, seq_len, args, prompt_len=prompt_len)
   if work is None:
     return None
-  grad, fwd_only = forward_flops(cfg, work)
-  return batch * (3 * grad + fwd_only)
+  return batch * 3 * forward_flops(cfg, work)
 
 
 def objective_work(cfg: ModelConfig, objective: str, seq_len: int, args: Any = (), *,
@@ -142,12 +139,12 @@ def _tidar(cfg, t, args, prompt_len):
 def _jacobi_forcing(cfg, t, args, prompt_len):
   """[prompt P, noisy stream, clean stream] of T: the prompt causal; each of the two streams of
   M = (T - P) // 2 tokens sees the prompt and itself causally; a padding row the prompt and
-  itself. The head on all T rows, and with soft consistency the detached teacher head on all
-  T again."""
+  itself. The head on the prompt region's P rows and both streams' (the clean rows' logits are
+  the soft consistency's teacher: no row projected twice)."""
   p = prompt_len if args["prompt_len"] is None else args["prompt_len"]
   m = (t - p) // 2
   pairs = _causal_pairs(p) + 2 * (m * p + _causal_pairs(m)) + (t - p - 2 * m) * (p + 1)
-  return Work(t, t, pairs, t, t if args["consistency"] == "soft" else 0)
+  return Work(t, t, pairs, p + 2 * m)
 
 
 def _asarm(cfg, n, args, prompt_len):

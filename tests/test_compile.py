@@ -147,6 +147,28 @@ def test_a_splash_call_with_tokamax_causal_mask_is_costed_half_the_square():
 
 
 @pytest.mark.fast
+def test_a_splash_call_in_a_tiles_scope_is_costed_by_the_tiles_it_runs():
+  """A splash call over a dense mask whose structure leaves tiles empty in every row runs in
+  the name scope `splash_tiles_{run}_of_{tiles}` (`attention.splash_tiles`), forward and
+  backward; its FLOPs are the square's times run / tiles."""
+  shapes = {"q": "bf16[14,1792,64]{2,1,0}", "k": "bf16[2,2304,64]{2,1,0}",
+            "v": "bf16[2,2304,64]{2,1,0}"}
+
+  def flops(name, op_name):
+    rest = (r'%q, %k, %v), custom_call_target="tpu_custom_call", metadata={op_name="'
+            + op_name + r'" metadata_payload="tokamax:{\"arguments\":{\"mask\":{\"bool_mask'
+            r'\":{},\"causal_mask\":null}}}"}')
+    return costs.custom_call_flops(Instruction(name, "bf16[14,1792,64]{2,1,0}", "custom-call",
+                                               rest), shapes)
+  square = 4.0 * 14 * 1792 * 64 * 2304
+  fwd = "jit(f)/jvp(splash_tiles_161_of_252)/vmap(jit(_splash_attention))/pallas_call"
+  bwd = "jit(f)/transpose(jvp(splash_tiles_161_of_252))/vmap(splash_mha_dkv)/pallas_call"
+  assert flops("splash_mha_fwd_residuals.1", fwd) == square * 161 / 252
+  assert flops("splash_mha_dkv_no_residuals.1", bwd) == 2.5 * square * 161 / 252
+  assert flops("splash_mha_fwd_residuals.1", "jit(f)/jvp()/pallas_call") == square
+
+
+@pytest.mark.fast
 def test_custom_calls_are_costed_and_counted_per_trip():
   program = kernels.Program(HAND, "gpu")
   comps, _ = computations(HAND)

@@ -15,6 +15,7 @@ import pytest
 
 from paraflax.model import attention, masks
 from paraflax.model import mask_structure as ms
+from paraflax.training.objectives import jacobi_forcing as jf
 from conftest import compiled_forward
 
 pytestmark = pytest.mark.fast
@@ -217,6 +218,41 @@ def test_causal_rows_see_exactly_their_causal_keys(name):
   assert ((dense[:, :r, :r] == causal) | ~real[:, :, None]).all()
   assert not (dense[:, :r, r:] & real[:, :, None]).any()
   assert (np.asarray(mask.window(r, dense.shape[1], None).dense()) == dense[:, r:]).all()
+
+
+def _jacobi_rows(prompts, region: int, n: int, blocks: int):
+  """Jacobi Forcing rows of `region + 2 x blocks x n` slots, one per prompt length."""
+  g = np.random.default_rng(0)
+  rows = [jf.example(g.integers(4, 40, p), g.integers(4, 40, (blocks, n)),
+                     g.integers(4, 40, (blocks, n)), region + 2 * blocks * n) for p in prompts]
+  return ms.noise_aware(jnp.asarray(np.stack([r["kinds"] for r in rows])),
+                        jnp.asarray(np.stack([r["valid"] for r in rows])), region)
+
+
+@pytest.mark.parametrize("name", ["jacobi_forcing", "tidar"])
+def test_splash_tiles_counted_empty_are_empty_in_every_row(name):
+  """`splash_tiles` is a claim about the mask splash attention gets (after `_padded`): a tile
+  it counts empty holds no pair in any row, whatever the prompts (Jacobi Forcing) or block
+  sizes (TiDAR), and it does count some empty."""
+  mask = (_jacobi_rows([1, 70, 128], 128, 16, 14) if name == "jacobi_forcing" else
+          ms.tidar_train(1024, jnp.array([3, 8, 5]), max_block=8))
+  b, t, s = mask.shape
+  q, k, v = _qkv(b, t, s)
+  calls = [c for c in attention.kernel_calls(mask, t, lengths=False, windows=False) if c[4]]
+  assert calls
+  for r0, r1, keys, causal, arrays in calls:
+    keys_k = attention.keys_of(k, keys)
+    full = jnp.broadcast_to(arrays["mask"], (b, r1 - r0, keys_k.shape[1]))
+    padded = attention._padded(q[:, r0:r1], keys_k, keys_k, causal, {"mask": full},
+                               attention.KERNEL_BLOCK)[3]["mask"]
+    tq, tk = (n // attention.KERNEL_BLOCK for n in padded.shape[1:])
+    seen = np.asarray(padded).reshape(b, tq, attention.KERNEL_BLOCK, tk,
+                                      attention.KERNEL_BLOCK).any((0, 2, 4))
+    run = attention.tile_map(mask.windows, r0, r1, keys, s, mask.rule in ms.SUBCAUSAL)
+    assert run.shape == seen.shape and not (seen & ~run).any()
+    assert attention.splash_tiles(mask, r0, r1, keys, s) == (run.sum(), run.size) and not run.all()
+  lattice = ms.lattice(jnp.asarray(np.random.default_rng(1).random((2, 256)) < 0.5))[0]
+  assert attention.splash_tiles(lattice, 0, 256, None, 256) is None  # rows may see no key
 
 
 def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():

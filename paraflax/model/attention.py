@@ -48,6 +48,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from paraflax.model import decode_attention, mask_structure
@@ -146,15 +147,19 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     calls = kernel_calls(mask_BxTxS, t, lengths=not splash, windows=not splash)
   else:  # xla_chunked
     calls = [(0, t, None, False, {"mask": dense_mask(mask_BxTxS)})]
-  return _kernel(q_BxTxHxD, k, v, impl, kernel, calls)
+  return _kernel(q_BxTxHxD, k, v, impl, kernel, calls, mask_BxTxS)
 
 
-def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
-  """The kernel `impl` over each of `calls` (`kernel_calls`), its outputs in row order."""
+def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list, mask=None):
+  """The kernel `impl` over each of `calls` (`kernel_calls`), its outputs in row order. A
+  splash call with a dense mask runs in a name scope `splash_tiles_{run}_of_{tiles}`
+  (`splash_tiles`), which the compile rows' costing reads."""
   block = KERNEL_BLOCK if "mosaic" in kernel else CUDNN_BLOCK if "cudnn" in kernel else 1
   mesh = sharding.context_mesh() if kernel else None
   outs = []
   for r0, r1, keys, causal, arrays in calls:
+    tiles = (splash_tiles(mask, r0, r1, keys, k_BxSxKxD.shape[1])
+             if "mosaic" in kernel and "mask" in arrays else None)
     q, k, v = q_BxTxHxD[:, r0:r1], keys_of(k_BxSxKxD, keys), keys_of(v_BxSxKxD, keys)
     if "mask" in arrays:
       arrays = {**arrays, "mask": jnp.broadcast_to(arrays["mask"], (*q.shape[:2], k.shape[1]))}
@@ -170,8 +175,45 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list):
 
     if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
       call = _shard_mapped(call, mesh, k.shape, arrays)
-    outs.append(call(q, k, v, arrays))
+    with jax.named_scope("" if tiles is None else "splash_tiles_{}_of_{}".format(*tiles)):
+      outs.append(call(q, k, v, arrays))
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, 1)
+
+
+def splash_tiles(mask, r0: int, r1: int, keys: tuple | None, s: int) -> tuple[int, int] | None:
+  """(tiles run, tiles) of splash attention's call over query rows `r0:r1` of `mask` and its
+  key `segments` (None: all `s`), in `KERNEL_BLOCK` tiles after `_padded`'s padding. Splash
+  skips the tiles of a dense mask that hold no pair. A tile counts as empty when the mask's
+  structure leaves it empty for every row: a query sees no key outside its window's segments
+  and, under a `SUBCAUSAL` rule, none after its own index. Only a rule under which every row
+  sees its own key (`SEES_SELF`) can say so: a row with no key would see every key once
+  padded. None for any other mask (every tile counts)."""
+  if not isinstance(mask, Structured) or mask.rule not in mask_structure.SEES_SELF:
+    return None
+  run = tile_map(mask.windows, r0, r1, keys, s, mask.rule in mask_structure.SUBCAUSAL)
+  return int(run.sum()), run.size
+
+
+@functools.lru_cache(maxsize=32)
+def tile_map(windows: tuple, r0: int, r1: int, keys: tuple | None, s: int,
+             subcausal: bool) -> np.ndarray:
+  """`splash_tiles`' tiles `[query tiles, key tiles]`: True where a pair may be."""
+  orig = np.arange(s) if keys is None else np.concatenate([np.arange(a, b) for a, b in keys])
+  tp, sp = (-(-n // KERNEL_BLOCK) * KERNEL_BLOCK for n in (r1 - r0, len(orig)))
+  sees = np.zeros((tp, sp), bool)
+  sees[:, :len(orig)] = True  # rows no window covers, and padding rows: every real key
+  inside = lambda idx, segments: (np.ones(idx.shape, bool) if segments is None else
+                                  np.any([(a <= idx) & (idx < b) for a, b in segments], 0))
+  for w0, w1, segments, _ in windows or ((r0, r1, None, False),):
+    a, b = max(w0, r0), min(w1, r1)
+    if a >= b:
+      continue
+    rows = np.arange(a, b)[:, None]
+    window = inside(orig, segments)[None] & (orig[None] <= rows if subcausal else True)
+    window = window | ~inside(rows, segments)  # its own key not in the call: sees them all
+    sees[a - r0:b - r0, :len(orig)] = window
+  blocks = sees.reshape(tp // KERNEL_BLOCK, KERNEL_BLOCK, sp // KERNEL_BLOCK, KERNEL_BLOCK)
+  return blocks.any((1, 3))
 
 
 def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> list[tuple]:

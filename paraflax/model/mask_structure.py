@@ -166,6 +166,12 @@ def deer_bidirectional_rule(q, k):
   return tidar_rule(q, k) | clean
 
 
+# rules under which every query sees its own key (no row is empty, so a kernel's padding of
+# empty rows never adds keys): splash attention's tiles empty in the rule's structure stay
+# empty at run time (`attention.splash_tiles`)
+SEES_SELF = (*SUBCAUSAL, tidar_rule, deer_bidirectional_rule)
+
+
 def _lattice(q, k, earlier):
   target = ~q["visible"] & ~k["visible"]
   see = k["visible"] | (target & earlier)

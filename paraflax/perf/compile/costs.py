@@ -8,7 +8,10 @@ program does not look cheaper the more of its work moves into custom calls.
                          x their weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
                          dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
-                         (cuDNN's backend config; splash's tokamax metadata);
+                         (cuDNN's backend config; splash's tokamax metadata), or x the tiles
+                         it runs of all its tiles where its name scope says
+                         (`attention.splash_tiles`: a splash call skips a dense mask's empty
+                         tiles, those its structure leaves empty in every row);
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
                          its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
@@ -50,6 +53,9 @@ _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
 # tokamax names its op's arguments in the call's metadata: a causal mask there is splash's
 # static `CausalMask`, whose tiles above the diagonal the kernel's grid leaves out
 _TOKAMAX_CAUSAL = re.compile(r'causal_mask\\?":\{')
+# a splash call whose dense mask's structure leaves tiles empty in every row runs in this name
+# scope (`attention.splash_tiles`): the tiles it runs of all its tiles
+_SPLASH_TILES = re.compile(r"splash_tiles_(\d+)_of_(\d+)")
 
 
 def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -201,7 +207,9 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
     if _BACKWARD.search(target):
       flops *= 2.5
     config = ins.attribute("backend_config") or ""
-    if re.search(r"causal", config, re.I) or _TOKAMAX_CAUSAL.search(ins.rest):
+    if tiles := _SPLASH_TILES.search(ins.rest):
+      flops *= int(tiles.group(1)) / int(tiles.group(2))
+    elif re.search(r"causal", config, re.I) or _TOKAMAX_CAUSAL.search(ins.rest):
       flops /= 2
     return flops
   return 0.0

@@ -110,7 +110,7 @@ def _backward(chunk, tau, res, ct):
   w_c = w_DxV.astype(x_BxTxRxD.dtype)
   cts = (ct["nll"], ct.get("soft"))  # the hit has no gradient
   if chunk >= t:
-    dz = _dlogits(*kept, y_BxT, *cts, tau, x_BxTxRxD.dtype)
+    dz = _dlogits(*kept, y_BxT, *cts, x_BxTxRxD.dtype)
     dx, dw = _head_grads(x_BxTxRxD, w_c, dz)
   else:
     per_position, unpack = _pack((_cut(cts, chunk), kept), 3)  # [n, B, C, S]: one slice a chunk
@@ -118,7 +118,7 @@ def _backward(chunk, tau, res, ct):
     def step(dw, xs):
       (x, y), packed = xs
       (a, c), lses = unpack(packed)
-      dz = _dlogits(*_dense(_logits(x, w_c), lses, tau), y, a, c, tau, x.dtype)
+      dz = _dlogits(*_dense(_logits(x, w_c), lses, tau), y, a, c, x.dtype)
       dx, dw_c = _head_grads(x, w_c, dz)
       return dw + dw_c, dx
 
@@ -184,7 +184,7 @@ def _dense(z_BxCxRxV, lses, tau):
   return p, tau * (q[:, :, 1] - q[:, :, 0])
 
 
-def _dlogits(p_BxCxRxV, soft_BxCxV, y_BxC, a_BxCxR, c_BxC, tau, dtype):
+def _dlogits(p_BxCxRxV, soft_BxCxV, y_BxC, a_BxCxR, c_BxC, dtype):
   """The logits' gradient `[B, C, R, V]` in `dtype`: a (p - onehot(y)), plus c x the soft part
   on the student's row; one elementwise pass (the one-hot compared in place)."""
   p = p_BxCxRxV.astype(jnp.float32)

@@ -227,14 +227,10 @@ def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> li
   `mask_structure.two_stream`, the query rows' under the causal mask where `subcausal`),
   unless `windows` is False: a kernel that skips a dense mask's empty tiles itself (splash
   attention) gains nothing from them, and each call of it derives its own tile layout; it
-  takes those rows in one call over the keys any of their windows sees. Any other mask takes
-  one (`kernel_mask`)."""
+  takes those rows in one call over every key (no copy of a subset; `splash_tiles` counts the
+  tiles it runs). Any other mask takes one (`kernel_mask`)."""
   r = getattr(mask, "causal_rows", 0)
-  if not windows and 0 < r < t:
-    keys = _union(w[2] for w in mask.windows)
-    windows = ((r, t, None if keys == ((0, mask.shape[2]),) else keys, False),)
-  else:
-    windows = getattr(mask, "windows", ()) if windows else ()
+  windows = getattr(mask, "windows", ()) if windows else ()
   if not (0 < r < t or windows):
     return [(0, t, None, *kernel_mask(mask, lengths))]
   windows = windows or ((r, t, None, False),)
@@ -244,23 +240,6 @@ def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> li
   head = [(0, r, ((0, r),), True, {})] if r else []
   return head + [(r0, r1, keys, causal, {"mask": mask.window(r0, r1, keys).dense()})
                  for r0, r1, keys, causal in windows]
-
-
-def _union(segments) -> tuple | None:
-  """The key segments `((k0, k1), ...)` covering all of `segments`' (each None: all keys), in
-  order, touching ones joined; None if any is None or there are none."""
-  spans = []
-  for seg in segments:
-    if seg is None:
-      return None
-    spans.extend(seg)
-  out = []
-  for k0, k1 in sorted(spans):
-    if out and k0 <= out[-1][1]:
-      out[-1] = (out[-1][0], max(out[-1][1], k1))
-    else:
-      out.append((k0, k1))
-  return tuple(out) or None
 
 
 def keys_of(kv_BxSxKxD, segments: tuple | None):

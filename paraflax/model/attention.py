@@ -181,8 +181,8 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list, mas
 
 
 def splash_tiles(mask, r0: int, r1: int, keys: tuple | None, s: int) -> tuple[int, int] | None:
-  """(tiles run, tiles) of splash attention's call over query rows `r0:r1` of `mask` and its
-  key `segments` (None: all `s`), in `KERNEL_BLOCK` tiles after `_padded`'s padding. Splash
+  """(tiles run, tiles) of splash attention's call over query rows `r0:r1` of `mask` and the
+  key segments `keys` (None: all `s`), in `KERNEL_BLOCK` tiles after `_padded`'s padding. Splash
   skips the tiles of a dense mask that hold no pair. A tile counts as empty when the mask's
   structure leaves it empty for every row: a query sees no key outside its window's segments
   and, under a `SUBCAUSAL` rule, none after its own index. Only a rule under which every row

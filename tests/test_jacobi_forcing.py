@@ -283,7 +283,7 @@ def test_loss_metrics_and_gradients_equal_the_per_slot_definition(model, consist
   graphdef, params = nnx.split(model)
   with jax.default_matmul_precision("highest"):
     def grads(fn):
-      return jax.value_and_grad(lambda p: fn(nnx.merge(graphdef, p)), has_aux=True)(params)
+      return jax.jit(jax.value_and_grad(lambda p: fn(nnx.merge(graphdef, p)), has_aux=True))(params)
     (want, want_m), want_g = grads(reference)
     for chunk in (None, 3):
       (got, got_m), got_g = grads(paired(chunk))

@@ -69,6 +69,24 @@ CASES = {  # name: (objective args, model overrides, batch)
 }
 
 
+def assert_grads_close(got, want):
+  """Gradient pytrees equal within 1e-5 of each leaf's largest entry."""
+  for g, gc in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    scale = float(jnp.abs(g).max()) + 1e-12
+    np.testing.assert_allclose(gc / scale, g / scale, atol=1e-5)
+
+
+def assert_step_close(got, want):
+  """Two `value_and_grad(loss, has_aux=True)` results, ((loss, metrics), grads): loss and
+  metrics within 1e-5 relative, gradients as `assert_grads_close`."""
+  (loss, metrics), grads = want
+  (loss_c, metrics_c), grads_c = got
+  np.testing.assert_allclose(loss_c, loss, rtol=1e-5)
+  for k in metrics:
+    np.testing.assert_allclose(metrics_c[k], metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  assert_grads_close(grads_c, grads)
+
+
 def _reference(x_BxTxRxD, w_DxV, y_BxT, tau):
   """The head's outputs from the full float32 logits, by optax and plain autodiff."""
   z = jnp.einsum("btrd,dv->btrv", x_BxTxRxD, w_DxV)
@@ -127,9 +145,7 @@ def test_head_equals_autodiff_of_the_full_logits(r, tau, chunk):
   assert set(got) == set(want)
   for name in want:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
-  for g, gc in zip(grads, grads_c):
-    scale = float(jnp.abs(g).max()) + 1e-12
-    np.testing.assert_allclose(gc / scale, g / scale, atol=1e-5)
+  assert_grads_close(grads_c, grads)
   if tau is not None:
     assert not np.any(soft_dx[:, :, 0]) and np.any(soft_dx[:, :, 1])
 
@@ -170,13 +186,8 @@ def test_chunked_loss_and_gradients_equal_the_whole_row(name):
                                 has_aux=True)(p)
     return value(graphdef), value(chunked)
 
-  ((loss, metrics), grads), ((loss_c, metrics_c), grads_c) = run(params)
-  np.testing.assert_allclose(loss_c, loss, rtol=1e-5)
-  for k in metrics:
-    np.testing.assert_allclose(metrics_c[k], metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
-  for g, gc in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_c)):
-    scale = float(jnp.abs(g).max()) + 1e-12
-    np.testing.assert_allclose(gc / scale, g / scale, atol=1e-5)
+  whole, chunked = run(params)
+  assert_step_close(chunked, whole)
 
 
 def test_chunked_step_temporaries_are_far_below_the_full_logits():

@@ -259,7 +259,7 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
     raise ValueError(f"consistency must be 'soft' or 'hard', got {consistency!r}")
   mask = mask_structure.noise_aware(batch["kinds"], batch["valid"], prompt_len)
   hidden_BxLxD, _ = model(batch["tokens"], batch["positions"], mask, hidden=True)
-  p, s = _regions(batch["tokens"].shape[1], prompt_len)
+  p, s = prompt_len, _clean_start(batch["tokens"].shape[1], prompt_len)
   # the noisy stream starts where a row's prompt ends; its slot j is clean slot s + j's twin
   m = hidden_BxLxD.shape[1] - s
   noisy_BxM = jnp.argmax(batch["kinds"] == NOISY, 1)[:, None] + jnp.arange(m)
@@ -282,12 +282,11 @@ def jacobi_forcing_loss(model, batch, rng, ar_weight: float = 10.0, temperature:
       "noisy_accuracy": Mean.of(hit[..., 1], has_target)}
 
 
-def _regions(length: int, prompt_len: int | None) -> tuple[int, int]:
-  """(the prompt region's slots P, the clean stream's first slot P + M) of rows of `length`
-  with prompt region `prompt_len` (`example`; `mask_structure.noise_aware` checks the two
-  fit)."""
+def _clean_start(length: int, prompt_len: int | None) -> int:
+  """The clean stream's first slot, P + M, of rows of `length` with prompt region
+  `prompt_len` (`example`; `mask_structure.noise_aware` checks the two fit)."""
   if prompt_len is None:
     raise ValueError("jacobi_forcing needs objective_args.prompt_len, the rows' prompt region "
                      "(a trajectory store's max_prompt_len, which the trainer takes from the "
                      "store)")
-  return prompt_len, (length + prompt_len) // 2
+  return (length + prompt_len) // 2

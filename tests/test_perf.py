@@ -15,7 +15,7 @@ from paraflax.model.run import RunControl
 from paraflax.perf import batches, decode, pages, rows, shapes, tables, train
 from paraflax.perf import cli as perf_cli
 from paraflax.perf.report import Report
-from paraflax.perf.trace import trace_summary
+from paraflax.perf.trace import kernel_kind, trace_summary
 from paraflax.training.config.train import apply_overrides, load_config
 from paraflax.training.run import flops as training_flops
 from conftest import ENVIRON, background_job, background_result
@@ -53,7 +53,21 @@ def test_trace_summary_counts_overlapping_kernels_once():
   events.append(x(1, 1, 100, 10, "gemm"))
   assert trace_summary({"traceEvents": meta + events})["long_gaps_ms"] == 60e-3
   assert [k["name"] for k in s["top_kernels"]] == ["gemm", "fusion"]
+  assert [(k["kind"], k["kernels"], k["ms"]) for k in s["kinds"]] == [
+      ("other (Pallas, custom)", 2, 20e-3), ("elementwise", 1, 10e-3)]
   assert trace_summary({"traceEvents": meta[1:2]}) == {"device_events": 0}
+
+
+@pytest.mark.fast
+def test_a_kernel_kind_comes_from_its_name():
+  """Names from the H200 traces of 2026-11-28 (docs/gpu/h200-2026-11-28.json)."""
+  kinds = {"cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26": "attention",
+           "nvjet_sm90_tst_256x96_64x4_1x2_h_bz_coopA_NNT": "GEMM (cuBLAS)",
+           "gemm_fusion_dot_98": "GEMM (Triton fusion)", "input_scatter_fusion": "scatter",
+           "input_reduce_fusion_276": "reduction", "memcpy32_post": "copy / memset",
+           "loop_multiply_fusion_25": "elementwise", "decode_attention": "other"}
+  for name, kind in kinds.items():
+    assert kernel_kind(name).startswith(kind), name
 
 
 def _slot_row(cache, batch, slots, ms):
@@ -97,6 +111,20 @@ def test_tables_render_each_kind_and_the_cache_share():
   assert "| micro | bfloat16 | 64 | 1 | 4 | causal | 4.000 | 1.00 |" in text
   assert "| micro | 1 | 4 | 16 / 64 | 3.000 / 4.000 | 25% |" in text  # 1 - 3 / 4
   assert text.count("    c") == 1  # the command, once per table
+
+
+@pytest.mark.fast
+def test_a_traced_train_row_shows_its_time_by_kind():
+  kinds = [{"kind": "GEMM (cuBLAS)", "kernels": 300, "ms": 20.0, "share": 0.5},
+           {"kind": "scatter", "kernels": 1, "ms": 4.0, "share": 0.1}]
+  row = {**CPU, "kind": "train", "command": "c", "shape": "micro", "objective": "tidar",
+         "batch": 1, "seq_len": 64, "attention": "cudnn", "remat": "none", "scan_layers": False,
+         "step_s": 0.04, "tokens_per_s": 1600.0, "mfu": None,
+         "trace": {"busy_ms": 40.0, "kinds": kinds}}
+  text = tables.render([row])
+  assert "| objective / decoder | batch | busy ms | attention (cuDNN) | GEMM (cuBLAS) |" in text
+  assert "| tidar | 1 | 40.00 | - | 20.00 (300) | - | 4.00 (1) | - |" in text
+  assert "by kind" not in tables.render([{**row, "trace": {"device_events": 0}}])
 
 
 @pytest.mark.fast

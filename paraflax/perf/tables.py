@@ -5,6 +5,7 @@ from __future__ import annotations
 from paraflax.devices import bandwidth, peak_flops
 from paraflax.perf.rows import KINDS
 from paraflax.perf.slots import cache_shares
+from paraflax.perf.trace import KINDS as TRACE_KINDS
 
 
 def fmt(x, spec: str = ".2f") -> str:
@@ -121,6 +122,16 @@ COLUMNS = {
 }
 
 
+def time_by_kind(rows: list[dict]) -> list[str]:
+  """A table of traced rows' device time per kind of kernel (`trace.kernel_kind`)."""
+  cell = lambda kind: lambda r: next((f"{k['ms']:.2f} ({k['kernels']})"
+                                      for k in r["trace"]["kinds"] if k["kind"] == kind), "-")
+  return table([("objective / decoder", lambda r: r.get("objective") or r.get("decoder")),
+                ("batch", lambda r: r["batch"]),
+                ("busy ms", lambda r: f"{r['trace']['busy_ms']:.2f}"),
+                *((kind, cell(kind)) for kind, _ in TRACE_KINDS)], rows)
+
+
 def table(columns, rows) -> list[str]:
   lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
   return lines + ["| " + " | ".join(str(f(r)) for _, f in columns) + " |" for r in rows]
@@ -150,6 +161,9 @@ def render(rows: list[dict]) -> str:
                       ("caches", lambda s: f"{s['short_cache']} / {s['long_cache']}"),
                       ("ms", lambda s: f"{s['short_ms']:.3f} / {s['long_ms']:.3f}"),
                       ("cache share", lambda s: pct(s["cache_share"]))], shares), ""]
+    if traced := [r for r in rs if "kinds" in r.get("trace", {})]:
+      out += ["Where a traced step's device time goes, by kind of kernel (ms, kernels):", "",
+              *time_by_kind(traced), ""]
     commands = dict.fromkeys((r["command"], r.get("utc", "")) for r in rs)
     out += [f"    {c}    # {utc}" if utc else f"    {c}" for c, utc in commands] + [""]
   return "\n".join(out)

@@ -4,18 +4,37 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import time
 from pathlib import Path
 
 GAP_US = 50  # an idle gap longer than this between kernels: a host round trip
+TOP = 25  # kernels listed by name
+
+# a GPU kernel's kind from its name, first match: the library kernels (cuBLAS's nvjet / xmma /
+# cutlass, cuDNN's), XLA's Triton GEMM fusions, Pallas calls (named after their function) and
+# XLA's own fusions by the emitter its name starts with
+KINDS = (("attention (cuDNN)", r"cudnn|sdpa"),
+         ("GEMM (cuBLAS)", r"^nvjet|xmma|cutlass|cublas|^sm\d+_.*gemm"),
+         ("GEMM (Triton fusion)", r"gemm_fusion|triton_gemm"),
+         ("scatter", r"scatter"),
+         ("reduction", r"reduce"),
+         ("copy / memset", r"memcpy|memset|^copy|dynamic_update_slice|^concatenate"),
+         ("elementwise", r"^loop_|^wrapped_|fusion"),
+         ("other (Pallas, custom)", r""))
+
+
+def kernel_kind(name: str) -> str:
+  """The first of `KINDS` whose pattern the kernel's name matches."""
+  return next(kind for kind, pattern in KINDS if re.search(pattern, name))
 
 
 def trace_summary(trace: dict) -> dict:
   """Device time in a Chrome/perfetto trace: the span from the first to the last kernel, the
   time some kernel ran (`busy_ms`, the union over streams), the idle gaps over `GAP_US` (host
-  round trips) and the kernels that took most of it. A trace without device events (a CPU
-  backend) is {"device_events": 0}."""
+  round trips), the `TOP` kernels that took most of it and each kind's kernels and time
+  (`kernel_kind`). A trace without device events (a CPU backend) is {"device_events": 0}."""
   events = trace["traceEvents"]
   meta = lambda kind: {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
                        if e.get("ph") == "M" and e.get("name") == kind}
@@ -34,11 +53,17 @@ def trace_summary(trace: dict) -> dict:
   totals: dict[str, float] = {}
   for e in kernels:
     totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
-  top = sorted(totals.items(), key=lambda kv: -kv[1])[:8]
+  top = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP]
+  kinds: dict[str, list[float]] = {}
+  for e in kernels:
+    kind = kinds.setdefault(kernel_kind(e["name"]), [0, 0.0])
+    kind[0], kind[1] = kind[0] + 1, kind[1] + e["dur"]
   return {"device_events": len(kernels), "span_ms": (end - spans[0][0]) / 1e3,
           "busy_ms": busy / 1e3, "busy_share": busy / max(end - spans[0][0], 1e-9),
           "long_gaps": len(gaps), "long_gaps_ms": sum(gaps) / 1e3,
-          "top_kernels": [{"name": n[:80], "ms": t / 1e3, "share": t / busy} for n, t in top]}
+          "top_kernels": [{"name": n[:80], "ms": t / 1e3, "share": t / busy} for n, t in top],
+          "kinds": [{"kind": k, "kernels": n, "ms": t / 1e3, "share": t / busy}
+                    for k, (n, t) in sorted(kinds.items(), key=lambda kv: -kv[1][1])]}
 
 
 def profiled(fn, where: Path, name: str) -> dict:

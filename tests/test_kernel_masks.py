@@ -229,13 +229,21 @@ def _jacobi_rows(prompts, region: int, n: int, blocks: int):
                         jnp.asarray(np.stack([r["valid"] for r in rows])), region)
 
 
-@pytest.mark.parametrize("name", ["jacobi_forcing", "tidar"])
+def _asarm_rows(prompts, n: int):
+  """Two streams of AS-ARM rows of `n` tokens sorted prompt first, one per prompt length."""
+  visible = jnp.arange(n)[None] < jnp.array(prompts)[:, None]
+  return ms.two_stream(*ms.lattice(visible, sorted_rows=True))
+
+
+@pytest.mark.parametrize("name", ["jacobi_forcing", "tidar", "asarm"])
 def test_splash_tiles_counted_empty_are_empty_in_every_row(name):
   """`splash_tiles` is a claim about the mask splash attention gets (after `_padded`): a tile
-  it counts empty holds no pair in any row, whatever the prompts (Jacobi Forcing) or block
-  sizes (TiDAR), and it does count some empty."""
-  mask = (_jacobi_rows([1, 70, 128], 128, 16, 14) if name == "jacobi_forcing" else
-          ms.tidar_train(1024, jnp.array([3, 8, 5]), max_block=8))
+  it counts empty holds no pair in any row, whatever the prompts (Jacobi Forcing, the AS-ARM's
+  two streams, whose query rows splash takes under the causal mask) or block sizes (TiDAR),
+  and it does count some empty."""
+  mask = {"jacobi_forcing": lambda: _jacobi_rows([1, 70, 128], 128, 16, 14),
+          "tidar": lambda: ms.tidar_train(1024, jnp.array([3, 8, 5]), max_block=8),
+          "asarm": lambda: _asarm_rows([1, 300, 511], 512)}[name]()
   b, t, s = mask.shape
   q, k, v = _qkv(b, t, s)
   calls = [c for c in attention.kernel_calls(mask, t, lengths=False, windows=False) if c[4]]
@@ -251,8 +259,8 @@ def test_splash_tiles_counted_empty_are_empty_in_every_row(name):
     run = attention.tile_map(mask.windows, r0, r1, keys, s, mask.rule in ms.SUBCAUSAL)
     assert run.shape == seen.shape and not (seen & ~run).any()
     assert attention.splash_tiles(mask, r0, r1, keys, s) == (run.sum(), run.size) and not run.all()
-  lattice = ms.lattice(jnp.asarray(np.random.default_rng(1).random((2, 256)) < 0.5))[0]
-  assert attention.splash_tiles(lattice, 0, 256, None, 256) is None  # rows may see no key
+  query = ms.lattice(jnp.asarray(np.random.default_rng(1).random((2, 256)) < 0.5))[1]
+  assert attention.splash_tiles(query, 0, 256, None, 256) is None  # rows may see no key
 
 
 def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():

@@ -185,13 +185,25 @@ def splash_tiles(mask, r0: int, r1: int, keys: tuple | None, s: int) -> tuple[in
   key segments `keys` (None: all `s`), in `KERNEL_BLOCK` tiles after `_padded`'s padding. Splash
   skips the tiles of a dense mask that hold no pair. A tile counts as empty when the mask's
   structure leaves it empty for every row: a query sees no key outside its window's segments
-  and, under a `SUBCAUSAL` rule, none after its own index. Only a rule under which every row
-  sees its own key (`SEES_SELF`) can say so: a row with no key would see every key once
-  padded. None for any other mask (every tile counts)."""
-  if not isinstance(mask, Structured) or mask.rule not in mask_structure.SEES_SELF:
+  and, under a `SUBCAUSAL` rule or in a window under the kernel's causal mask, none after its
+  own index. Only a mask whose every row keeps a key (`_rows_keep_a_key`) can say so: a row
+  with no key would see every key once padded. None for any other mask (every tile counts)."""
+  if not isinstance(mask, Structured) or not _rows_keep_a_key(mask):
     return None
   run = tile_map(mask.windows, r0, r1, keys, s, mask.rule in mask_structure.SUBCAUSAL)
   return int(run.sum()), run.size
+
+
+def _rows_keep_a_key(mask: Structured) -> bool:
+  """Whether every row of `mask`, each window under the kernel's causal mask where the window
+  says so, sees some key: a rule under which every row sees its own (`SEES_SELF`; for two
+  streams, each stream's), or a window under the causal mask (`Structured.subcausal`: no row
+  is left without a key)."""
+  if not isinstance(mask.rule, mask_structure.Streams):
+    return mask.rule in mask_structure.SEES_SELF
+  rules = (mask.rule.first, mask.rule.second)
+  return all(rule in mask_structure.SEES_SELF or causal
+             for rule, (*_, causal) in zip(rules, mask.windows, strict=True))
 
 
 @functools.lru_cache(maxsize=32)
@@ -204,16 +216,33 @@ def tile_map(windows: tuple, r0: int, r1: int, keys: tuple | None, s: int,
   sees[:, :len(orig)] = True  # rows no window covers, and padding rows: every real key
   inside = lambda idx, segments: (np.ones(idx.shape, bool) if segments is None else
                                   np.any([(a <= idx) & (idx < b) for a, b in segments], 0))
-  for w0, w1, segments, _ in windows or ((r0, r1, None, False),):
+  for w0, w1, segments, causal in windows or ((r0, r1, None, False),):
     a, b = max(w0, r0), min(w1, r1)
     if a >= b:
       continue
     rows = np.arange(a, b)[:, None]
     window = inside(orig, segments)[None] & (orig[None] <= rows if subcausal else True)
+    if causal:  # the kernel's causal mask over every key, from the window's first row
+      window = window & (orig[None] <= rows - w0)
     window = window | ~inside(rows, segments)  # its own key not in the call: sees them all
     sees[a - r0:b - r0, :len(orig)] = window
   blocks = sees.reshape(tp // KERNEL_BLOCK, KERNEL_BLOCK, sp // KERNEL_BLOCK, KERNEL_BLOCK)
   return blocks.any((1, 3))
+
+
+def _causal_windows(mask: Structured, r0: int, r1: int) -> jax.Array:
+  """Rows `r0:r1` of `mask` dense over every key, each window the mask flags causal under the
+  kernel's causal mask, as its own call would have it (a two-stream call's query rows: only
+  rows nothing reads lose keys, `Structured.subcausal`)."""
+  dense = mask.window(r0, r1, None).dense()
+  for w0, w1, segments, causal in mask.windows:
+    a, b = max(w0, r0), min(w1, r1)
+    if causal and a < b:
+      if segments is not None:
+        raise ValueError("a window under the causal mask takes every key in one splash call")
+      sees = jnp.arange(dense.shape[2])[None] <= jnp.arange(a - w0, b - w0)[:, None]
+      dense = dense.at[:, a - r0:b - r0].set(dense[:, a - r0:b - r0] & sees)
+  return dense
 
 
 def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> list[tuple]:
@@ -228,18 +257,20 @@ def kernel_calls(mask, t: int, lengths: bool = True, windows: bool = True) -> li
   unless `windows` is False: a kernel that skips a dense mask's empty tiles itself (splash
   attention) gains nothing from them, and each call of it derives its own tile layout; it
   takes those rows in one call over every key (no copy of a subset; `splash_tiles` counts the
-  tiles it runs). Any other mask takes one (`kernel_mask`)."""
+  tiles it runs), a window flagged causal under the causal mask there too
+  (`_causal_windows`). Any other mask takes one (`kernel_mask`)."""
   r = getattr(mask, "causal_rows", 0)
-  windows = getattr(mask, "windows", ()) if windows else ()
-  if not (0 < r < t or windows):
+  split = getattr(mask, "windows", ())
+  if not (0 < r < t or split):
     return [(0, t, None, *kernel_mask(mask, lengths))]
-  windows = windows or ((r, t, None, False),)
-  if windows[0][0] != r or windows[-1][1] != t or any(
-      a[1] != b[0] for a, b in zip(windows, windows[1:])):
-    raise ValueError(f"windows {[w[:2] for w in windows]} do not tile rows {r}..{t}")
+  if split and (split[0][0] != r or split[-1][1] != t or any(
+      a[1] != b[0] for a, b in zip(split, split[1:]))):
+    raise ValueError(f"windows {[w[:2] for w in split]} do not tile rows {r}..{t}")
   head = [(0, r, ((0, r),), True, {})] if r else []
+  if not windows:  # the rest in one call over every key
+    return head + [(r, t, None, False, {"mask": _causal_windows(mask, r, t)})]
   return head + [(r0, r1, keys, causal, {"mask": mask.window(r0, r1, keys).dense()})
-                 for r0, r1, keys, causal in windows]
+                 for r0, r1, keys, causal in split or ((r, t, None, False),)]
 
 
 def keys_of(kv_BxSxKxD, segments: tuple | None):

@@ -166,12 +166,6 @@ def deer_bidirectional_rule(q, k):
   return tidar_rule(q, k) | clean
 
 
-# rules under which every query sees its own key (no row is empty, so a kernel's padding of
-# empty rows never adds keys): splash attention's tiles empty in the rule's structure stay
-# empty at run time (`attention.splash_tiles`)
-SEES_SELF = (*SUBCAUSAL, tidar_rule, deer_bidirectional_rule)
-
-
 def _lattice(q, k, earlier):
   target = ~q["visible"] & ~k["visible"]
   see = k["visible"] | (target & earlier)
@@ -181,6 +175,12 @@ def _lattice(q, k, earlier):
 def lattice_content_rule(q, k):
   """`masks.lattice` content: the prompt, and targets up to the query (a target)."""
   return _lattice(q, k, k["i"] <= q["i"])
+
+
+# rules under which every query sees its own key (no row is empty, so a kernel's padding of
+# empty rows never adds keys): splash attention's tiles empty in the rule's structure stay
+# empty at run time (`attention.splash_tiles`)
+SEES_SELF = (*SUBCAUSAL, tidar_rule, deer_bidirectional_rule, lattice_content_rule)
 
 
 def lattice_query_rule(q, k):

@@ -128,22 +128,29 @@ def test_kernels_counted_on_a_hand_built_program():
 
 
 @pytest.mark.fast
-def test_a_splash_call_with_tokamax_causal_mask_is_costed_half_the_square():
+def test_a_splash_call_with_tokamax_causal_mask_is_costed_by_the_tiles_it_runs():
   """splash takes a causal mask as its static `CausalMask` (the grid leaves out the tiles
-  above the diagonal); tokamax names the mask in the call's metadata, a bool mask as data."""
-  payload = lambda mask: (r'metadata={op_name="attention" metadata_payload="tokamax:{\"arguments'
-                          rf'\":{{\"mask\":{{{mask}}}}}}}"}}')
+  above the diagonal); tokamax names the mask in the call's metadata, a bool mask as data,
+  and its config the tile: the tiles on or below the diagonal run whole."""
+  payload = lambda mask, config="": (
+      r'metadata={op_name="attention" metadata_payload="tokamax:{\"op\":{\"config\":{'
+      + config + r'}},\"arguments' + rf'\":{{\"mask\":{{{mask}}}}}}}"}}')
   shapes = {"q": "bf16[14,4096,64]{2,1,0}", "k": "bf16[2,4096,64]{2,1,0}",
             "v": "bf16[2,4096,64]{2,1,0}"}
 
-  def flops(mask):
-    rest = '%q, %k, %v), custom_call_target="tpu_custom_call", ' + payload(mask)
+  def flops(mask, config="", name="splash_mha_fwd_residuals.3"):
+    rest = '%q, %k, %v), custom_call_target="tpu_custom_call", ' + payload(mask, config)
     return costs.custom_call_flops(
-        Instruction("splash_mha_fwd_residuals.3", "bf16[14,4096,64]{2,1,0}", "custom-call",
-                    rest), shapes)
+        Instruction(name, "bf16[14,4096,64]{2,1,0}", "custom-call", rest), shapes)
   square = 4.0 * 14 * 4096 * 64 * 4096
+  causal = r'\"bool_mask\":null,\"causal_mask\":{\"offset\":0}'
   assert flops(r'\"bool_mask\":null,\"causal_mask\":null') == square
-  assert flops(r'\"bool_mask\":null,\"causal_mask\":{\"offset\":0}') == square / 2
+  assert flops(causal) == square / 2  # no tile named: the triangle
+  # 32 x 32 tiles of 128: 528 run; the backward's 128 x 512: 144 of 256
+  assert flops(causal, r'\"block_q\":128,\"block_kv\":128') == square * 528 / 1024
+  assert flops(causal, r'\"block_q_dkv\":128,\"block_kv_dkv\":512',
+               "splash_mha_dkv_no_residuals.3") == 2.5 * square * 144 / 256
+  assert costs.causal_tiles(4096, 4096, 128, 512) == 144 / 256
 
 
 @pytest.mark.fast

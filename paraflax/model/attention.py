@@ -71,6 +71,11 @@ GPU_DECODE_ROWS = 128
 TPU_DECODE_ROWS = 128
 DENSE_MAX_LEN = 1024  # on CPU / float32, models with max_seq_len up to this run dense xla
 KERNEL_BLOCK = 128  # TPU splash attention's query and key block (tokamax's default config)
+# splash's backward over a static mask (causal, or none) writes a float32 partial dq per key
+# block, summed after it (over a dense mask it sums them in the kernel): its key blocks up to
+# this long there (tokamax's default, 128, wrote 32 of them at 4,096 keys: a third of the TPU
+# v5e AR step's HBM bytes)
+SPLASH_BWD_KEYS = 512
 CUDNN_BLOCK = 64  # cuDNN's backward declines lengths such as 257 ("vjp not implemented")
 
 _NEG = jnp.finfo(jnp.float32).min  # masked score: a fully masked row stays finite (uniform)
@@ -147,12 +152,14 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     calls = kernel_calls(mask_BxTxS, t, lengths=not splash, windows=not splash)
   else:  # xla_chunked
     calls = [(0, t, None, False, {"mask": dense_mask(mask_BxTxS)})]
-  return _kernel(q_BxTxHxD, k, v, impl, kernel, calls, mask_BxTxS)
+  return _kernel(q_BxTxHxD, k, v, impl, kernel, calls, mask_BxTxS, tpu=backend == "tpu")
 
 
-def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list, mask=None):
-  """The kernel `impl` over each of `calls` (`kernel_calls`), its outputs in row order. A
-  splash call with a dense mask runs in a name scope `splash_tiles_{run}_of_{tiles}`
+def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list, mask=None,
+            tpu: bool = False):
+  """The kernel `impl` over each of `calls` (`kernel_calls`), its outputs in row order; on a
+  TPU, splash over a static mask with its backward's key blocks of `splash_keys` (`_splash`).
+  A splash call with a dense mask runs in a name scope `splash_tiles_{run}_of_{tiles}`
   (`splash_tiles`), which the compile rows' costing reads."""
   block = KERNEL_BLOCK if "mosaic" in kernel else CUDNN_BLOCK if "cudnn" in kernel else 1
   mesh = sharding.context_mesh() if kernel else None
@@ -169,8 +176,13 @@ def _kernel(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, impl, kernel: set, calls: list, mas
       q, k, v, arrays = _padded(q, k, v, causal, arrays, block)
       if "mask" in arrays:
         arrays = {**arrays, "mask": arrays["mask"][:, None]}  # [B, 1, T, K]: every head alike
+      chosen = impl
+      if tpu and "mosaic" in kernel and "mask" not in arrays:
+        splash = _splash(k.shape[1])
+        chosen = [splash if i == "mosaic" else i
+                  for i in ((impl,) if isinstance(impl, str) else impl)]
       out = tokamax_module().dot_product_attention(q, k, v, is_causal=causal,
-                                                   implementation=impl, **arrays)
+                                                   implementation=chosen, **arrays)
       return out[:, :t]
 
     if mesh is not None and mesh.size > 1:  # XLA cannot partition a kernel's custom call
@@ -204,6 +216,22 @@ def _rows_keep_a_key(mask: Structured) -> bool:
   rules = (mask.rule.first, mask.rule.second)
   return all(rule in mask_structure.SEES_SELF or causal
              for rule, (*_, causal) in zip(rules, mask.windows, strict=True))
+
+
+def splash_keys(s: int) -> int:
+  """The key block of splash's backward over `s` keys (a multiple of `KERNEL_BLOCK`) under a
+  static mask: the longest multiple of `KERNEL_BLOCK` up to `SPLASH_BWD_KEYS` dividing `s`."""
+  return max(b for b in range(KERNEL_BLOCK, SPLASH_BWD_KEYS + 1, KERNEL_BLOCK) if s % b == 0)
+
+
+def _splash(s: int):
+  """tokamax's splash attention op over `s` keys, its backward over key blocks of
+  `splash_keys(s)` (tokamax exports no name for its backward's config)."""
+  from tokamax._src.ops.attention import pallas_mosaic_tpu, pallas_mosaic_tpu_vjp  # noqa: PLC0415
+  config = pallas_mosaic_tpu_vjp.Config(block_q_dkv=KERNEL_BLOCK, block_kv_dkv=splash_keys(s),
+                                        block_kv_dkv_compute=KERNEL_BLOCK)
+  return pallas_mosaic_tpu.PallasMosaicTpuFlashAttention(
+      vjp=pallas_mosaic_tpu_vjp.PallasMosaicTpuFlashAttentionVjp(config=config))
 
 
 @functools.lru_cache(maxsize=32)

@@ -8,10 +8,11 @@ program does not look cheaper the more of its work moves into custom calls.
                          x their weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
                          dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
-                         (cuDNN's backend config; splash's tokamax metadata), or x the tiles
-                         it runs of all its tiles where its name scope says
-                         (`attention.splash_tiles`: a splash call skips a dense mask's empty
-                         tiles, those its structure leaves empty in every row);
+                         (cuDNN's backend config), or x the tiles it runs of all its tiles:
+                         under splash's causal mask those on or below the diagonal of the
+                         tiles in its tokamax config (`causal_tiles`), and where its name
+                         scope says (`attention.splash_tiles`: a splash call skips a dense
+                         mask's empty tiles, those its structure leaves empty in every row);
                          the decode kernel (`decode_attention`): S = cache slots + chunk, and
                          its stacked-cache operands' bytes are one layer's (what it reads)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
@@ -56,6 +57,8 @@ _TOKAMAX_CAUSAL = re.compile(r'causal_mask\\?":\{')
 # a splash call whose dense mask's structure leaves tiles empty in every row runs in this name
 # scope (`attention.splash_tiles`): the tiles it runs of all its tiles
 _SPLASH_TILES = re.compile(r"splash_tiles_(\d+)_of_(\d+)")
+# and its tile, queries by keys, in the op's config in the metadata (forward, or backward: dkv)
+_TOKAMAX_BLOCKS = re.compile(r'block_q(?:_dkv)?\\?":(\d+),\\?"block_kv(?:_dkv)?\\?":(\d+)')
 
 
 def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -173,6 +176,13 @@ def _fusion_overcharge(comps, fusion: hlo.Instruction) -> float:
   return out
 
 
+def causal_tiles(t: int, s: int, block_q: int, block_k: int) -> float:
+  """The share of its tiles (`block_q` queries by `block_k` keys) a kernel runs under a causal
+  mask over `t` queries and `s` keys: those whose first key is at most their last query."""
+  nq, nk = -(-t // block_q), -(-s // block_k)
+  return sum(min(nk, ((a + 1) * block_q - 1) // block_k + 1) for a in range(nq)) / (nq * nk)
+
+
 def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | None:
   """FLOPs of a custom call (module docstring): a GEMM's and an attention kernel's from their
   shapes, 0 for any other (costed by its bytes); None for a GEMM or attention call whose
@@ -209,6 +219,8 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
     config = ins.attribute("backend_config") or ""
     if tiles := _SPLASH_TILES.search(ins.rest):
       flops *= int(tiles.group(1)) / int(tiles.group(2))
+    elif _TOKAMAX_CAUSAL.search(ins.rest) and (blocks := _TOKAMAX_BLOCKS.search(ins.rest)):
+      flops *= causal_tiles(max(q[1:-1]), max(k[1:-1]), *map(int, blocks.groups()))
     elif re.search(r"causal", config, re.I) or _TOKAMAX_CAUSAL.search(ins.rest):
       flops /= 2
     return flops

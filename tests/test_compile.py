@@ -4,12 +4,14 @@ training step and decode loop compiled for a GPU and a TPU target (deviceless, o
 
 import dataclasses
 import math
+import re
 
 import jax
 import pytest
 
 from paraflax import decoders
 from paraflax.decoding import core
+from paraflax.model import attention
 from paraflax.hlo import Instruction, computations
 from paraflax.model.run import RunControl
 from paraflax.perf.compile import costs, kernels, targets
@@ -358,18 +360,19 @@ def test_run_control_resolves_for_the_target_not_this_host():
     RunControl(platform="cuda")
 
 
-def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
+def test_micro_programs_compile_for_a_gpu_and_a_tpu_target(tmp_path):
   """Every objective's training step on the GPU (DEER stage I's on the TPU: rows of W+1
   tokens, padded to splash attention's blocks) and two decode loops (one with a drafter) per
   target; every TPU compile in this one process (libtpu allows one). A training step runs
   the target's fused attention kernel in every layer, and no conditional (a host sync on a
-  GPU) in any objective's step."""
+  GPU) in any objective's step. Splash's backward under AR's causal mask takes key blocks of
+  `attention.splash_keys` (one partial dq per block)."""
   for target in ("h200", "tpu-v5e"):
     rows, log = [], []
     objectives = OBJECTIVES if target == "h200" else ("ar", "deer_stage1")
     plan = compile_run.CompilePlan(target=target, shape="micro", objectives=objectives,
                                    decoders=("ar", "speculative"), batches=(2,), seq_len=256,
-                                   cache_len=128, new_tokens=16)
+                                   cache_len=128, new_tokens=16, hlo=str(tmp_path))
     errors = compile_run.run(plan, rows.append, log.append)
     assert errors == [], errors
     env = {"device": targets.parse(target).device_kind, "backend": "gpu", "jax": "x",
@@ -407,6 +410,10 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target():
     assert spec["kernels_per_drafter_forward"] > 0 and spec["kernels_per_target_forward"] > 0
     if target == "h200":  # a TPU's are HBM's: a micro model's weights may stay on chip
       assert ar["bytes_per_step"] >= 0.5 * ar["floor_bytes"]
+    else:
+      step = (tmp_path / "tpu-v5e_train_ar_1x256.hlo.txt").read_text()
+      blocks = set(re.findall(r'block_kv_dkv\\":(\d+)', step))
+      assert blocks == {str(attention.splash_keys(256))} == {"256"}, blocks
 
 
 @pytest.mark.fast

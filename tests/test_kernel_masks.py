@@ -263,6 +263,13 @@ def test_splash_tiles_counted_empty_are_empty_in_every_row(name):
   assert attention.splash_tiles(query, 0, 256, None, 256) is None  # rows may see no key
 
 
+def test_splash_backward_key_blocks_divide_the_keys_up_to_512():
+  """Splash's backward over a static mask: key blocks of at most `SPLASH_BWD_KEYS`, whole
+  multiples of 128 that divide the (padded) keys."""
+  got = {s: attention.splash_keys(s) for s in (128, 384, 640, 4096, 4224, 8192)}
+  assert got == {128: 128, 384: 384, 640: 128, 4096: 512, 4224: 384, 8192: 512}
+
+
 def test_padding_keys_are_unseen_and_rows_without_keys_average_the_real_values():
   """Padding keys hold large values (a weight on them would show; NaN would poison even a
   zero weight): no real query reads them, and a row with no key at all gets the mean of the

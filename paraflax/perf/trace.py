@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import re
@@ -50,14 +51,15 @@ def trace_summary(trace: dict) -> dict:
   for a, b in spans:
     gaps += [a - end] if a - end > GAP_US else []
     busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
-  totals: dict[str, float] = {}
+  totals, counts = collections.Counter(), collections.Counter()
   for e in kernels:
-    totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
-  top = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP]
-  kinds: dict[str, list[float]] = {}
-  for e in kernels:
-    kind = kinds.setdefault(kernel_kind(e["name"]), [0, 0.0])
-    kind[0], kind[1] = kind[0] + 1, kind[1] + e["dur"]
+    totals[e["name"]] += e["dur"]
+    counts[e["name"]] += 1
+  top = totals.most_common(TOP)
+  kinds: dict[str, list[float]] = {}  # kind -> [kernels, us], each name classified once
+  for name, t in totals.items():
+    kind = kinds.setdefault(kernel_kind(name), [0, 0.0])
+    kind[0], kind[1] = kind[0] + counts[name], kind[1] + t
   return {"device_events": len(kernels), "span_ms": (end - spans[0][0]) / 1e3,
           "busy_ms": busy / 1e3, "busy_share": busy / max(end - spans[0][0], 1e-9),
           "long_gaps": len(gaps), "long_gaps_ms": sum(gaps) / 1e3,

@@ -172,6 +172,35 @@ def test_the_whole_row_gradient_recomputes_no_logits(r, tau, chunk, dots):
   assert _dots(jax.make_jaxpr(grad)(x, w).jaxpr) == dots
 
 
+@pytest.mark.parametrize("chunk", [None, 5, 1])
+def test_weighted_nll_equals_autodiff_of_the_full_logits(chunk):
+  """`weighted_nll`: its total and its gradients (x, w and the weights) within 1e-5 in float32,
+  whole row and in chunks, its gradient made in the forward pass: three matmuls, the loop
+  body's once; the per-position NLL carries no gradient."""
+  x, w, y, coefs = _inputs(1)
+  x, a = x[:, :, 0], jnp.asarray(np.abs(coefs["nll"][..., 0]), jnp.float32)
+  model = lambda w: types.SimpleNamespace(unembedding=lambda: w,
+                                          run=pf.RunControl(loss_chunk=chunk))
+
+  def fused(x, w, a):
+    mean, nll, hit = head_loss.weighted_nll(model(w), x, y, a)
+    return 2.5 * mean.total + jnp.sum(nll) + jnp.sum(hit), mean.count
+
+  def reference(x, w, a):
+    nll = _reference(x[:, :, None], w, y, None)["nll"][..., 0]
+    return 2.5 * jnp.sum(a * nll) + jnp.sum(jax.lax.stop_gradient(nll)), jnp.sum(a)
+
+  with jax.default_matmul_precision("highest"):
+    (got, count), grads_c = jax.jit(jax.value_and_grad(fused, (0, 1, 2), has_aux=True))(x, w, a)
+    (want, _), grads = jax.value_and_grad(reference, (0, 1, 2), has_aux=True)(x, w, a)
+  hits = _reference(x[:, :, None], w, y, None)["hit"].sum()
+  np.testing.assert_allclose(got - hits, want, rtol=1e-5)
+  np.testing.assert_allclose(count, a.sum(), rtol=1e-6)
+  assert_grads_close(grads_c, grads)
+  total = lambda x, w: head_loss.weighted_nll(model(w), x, y, a)[0].total
+  assert _dots(jax.make_jaxpr(jax.grad(total, (0, 1)))(x, w).jaxpr) == 3
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_chunked_loss_and_gradients_equal_the_whole_row(name):
   args, overrides, batch = CASES[name]

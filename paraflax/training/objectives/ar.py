@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from paraflax.model import mask_structure
-from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.head_loss import weighted_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -38,5 +38,5 @@ def ar(model, batch, rng):
   if "loss_mask" in batch:
     counts = batch["loss_mask"][:, 1:].astype(bool)  # [B, L-1]: the targets that count
     weights = counts if weights is None else weights & counts
-  nll, hit = token_nll(model, hidden_BxLxD[:, :-1], tokens_BxL[:, 1:])
-  return Loss.of(Mean.of(nll, weights)), {"accuracy": Mean.of(hit, weights)}
+  nll_mean, _, hit = weighted_nll(model, hidden_BxLxD[:, :-1], tokens_BxL[:, 1:], weights)
+  return Loss.of(nll_mean), {"accuracy": Mean.of(hit, weights)}

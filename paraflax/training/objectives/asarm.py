@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from paraflax.model import mask_structure
 from paraflax.model.transformer import Queries
-from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.head_loss import weighted_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -85,6 +85,5 @@ def asarm_loss(model, batch, rng, rate_start: Sequence[float] = (0.15, 0.15),
   tokens, pos, visible, counts = take(tokens), take(pos), take(visible), take(counts)
   content, query = mask_structure.lattice(visible, sorted_rows=True)
   hidden_BxNxD, _ = model(tokens, pos, content, queries=Queries(pos, query), hidden=True)
-  nll, hit = token_nll(model, hidden_BxNxD, tokens)
-  return Loss.of(Mean.of(nll, counts)), {"accuracy": Mean.of(hit, counts),
-                                            "masking_rate": Mean.of(rates)}
+  nll_mean, _, hit = weighted_nll(model, hidden_BxNxD, tokens, counts)
+  return Loss.of(nll_mean), {"accuracy": Mean.of(hit, counts), "masking_rate": Mean.of(rates)}

@@ -43,7 +43,7 @@ from paraflax.data.source import TrainData, register_source
 from paraflax.decoding import deer_layout
 from paraflax.model import mask_structure
 from paraflax.model.masks import CLEAN, MASKED
-from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.head_loss import weighted_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -109,10 +109,10 @@ def block_loss(model, hidden_BxTxD, rows, weights_BxT, counted_BxT):
   """(sum of weighted token cross entropy / B, metrics) as `means` of `hidden`'s head:
   accuracy over `counted` slots and at y_1 (the first draft, the one every verification
   starts with)."""
-  nll, hit = token_nll(model, hidden_BxTxD, rows["targets"])
+  nll_mean, _, hit = weighted_nll(model, hidden_BxTxD, rows["targets"], weights_BxT)
   counted = counted_BxT.astype(jnp.float32)
   first = counted * (rows["offset"] == 1)
-  loss = Mean((nll * weights_BxT).sum(), jnp.float32(hidden_BxTxD.shape[0]))  # per row
+  loss = Mean(nll_mean.total, jnp.float32(hidden_BxTxD.shape[0]))  # per row
   return Loss.of(loss), {"accuracy": Mean.of(hit, counted), "first_accuracy": Mean.of(hit, first)}
 
 

@@ -1,13 +1,19 @@
 """Per-position losses through the output head in a few large kernels, so a loss holds the
 float32 logits `[B, T, V]` of a whole row only while they fit (`RunControl.loss_chunk`).
 
-`token_nll(model, hidden, targets)` gives each position's NLL and argmax hit (every objective
-but Jacobi Forcing). `pair_cross_entropy(model, pairs, targets, temperature)` takes two rows a
-position, a teacher and its student with one target, and gives both rows' NLL and hit and the
-student's soft cross entropy against the teacher's logits, detached (Jacobi Forcing: a clean
-slot and its noisy twin). The teacher's logits are its own row's: no row is projected twice.
-A custom VJP writes the gradient of the logits z itself, with a and c the NLL's and the soft
-term's cotangents, u the teacher's logits and tau the temperature:
+`weighted_nll(model, hidden, targets, weights)` gives the weighted mean of the NLL, and each
+position's NLL and argmax hit for metrics (AR, TiDAR, DEER, the AS-ARM). Its total's
+cotangent is one scalar g, so its gradient is g x (dx, dw) of the logits' gradient
+weights (softmax(z) - onehot(y)): both are made in the forward pass, where the logits are,
+and a chunked loss recomputes no logits (its residuals: dx in the compute dtype, dw float32).
+`token_nll(model, hidden, targets)` gives each position's NLL, differentiable, and its argmax
+hit (Jacobi Forcing's prompt rows). `pair_cross_entropy(model, pairs, targets, temperature)`
+takes two rows a position, a teacher and its student with one target, and gives both rows'
+NLL and hit and the student's soft cross entropy against the teacher's logits, detached
+(Jacobi Forcing: a clean slot and its noisy twin). The teacher's logits are its own row's: no
+row is projected twice. For the last two a custom VJP writes the gradient of the logits z
+itself, with a and c the NLL's and the soft term's cotangents, u the teacher's logits and tau
+the temperature:
 
   dz = a (softmax(z) - onehot(y)), and the student's + c tau (softmax(z/tau) - softmax(u/tau))
 
@@ -42,6 +48,7 @@ import numpy as np
 
 from paraflax.model.transformer import logits as project
 from paraflax.parallel import sharding
+from paraflax.training.objectives.means import Mean
 
 # "auto" (loss_chunk=None): the float32 logits computed at once stay under this many bytes
 LOGITS_BUDGET = 256 * 2**20
@@ -61,6 +68,22 @@ def token_nll(model, hidden_BxTxD, targets_BxT):
   """(nll, argmax hit) `[B, T]` float32 of `targets` under the logits of `hidden`."""
   out = _head(model, hidden_BxTxD[:, :, None], targets_BxT, None)
   return out["nll"][..., 0], out["hit"][..., 0]
+
+
+def weighted_nll(model, hidden_BxTxD, targets_BxT, weights_BxT=None):
+  """(mean, nll, hit): the `Mean` of the NLL of `targets` weighted by `weights` (all 1 when
+  None), its total differentiable, and each position's (nll, argmax hit) `[B, T]` float32 for
+  metrics, with no gradient. The total's gradient is made in its forward pass (`_weighted`),
+  so that chunks recompute no logits."""
+  b, t, _ = hidden_BxTxD.shape
+  w_DxV = model.unembedding()
+  rows = b // sharding.batch_shards(b)
+  chunk = chunk_size(model.run.loss_chunk, rows, t, w_DxV.shape[1])
+  weights = (jnp.ones((b, t), jnp.float32) if weights_BxT is None
+             else weights_BxT.astype(jnp.float32))
+  total, stats_BxTx2 = _weighted(chunk, hidden_BxTxD, w_DxV, targets_BxT, weights)
+  stats_BxTx2 = jax.lax.stop_gradient(stats_BxTx2)
+  return Mean(total, weights.sum()), stats_BxTx2[..., 0], stats_BxTx2[..., 1]
 
 
 def pair_cross_entropy(model, pairs_BxTx2xD, targets_BxT, temperature: float | None = 1.0):
@@ -129,6 +152,49 @@ def _backward(chunk, tau, res, ct):
 
 
 _cross_entropy.defvjp(_forward, _backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _weighted(chunk, x_BxTxD, w_DxV, y_BxT, a_BxT):
+  """(sum of a x nll `[]`, (nll, hit) `[B, T, 2]`) of the logits of `x`."""
+  out = _cross_entropy(chunk, None, x_BxTxD[:, :, None], w_DxV, y_BxT)
+  stats = jnp.stack([out["nll"][..., 0], out["hit"][..., 0]], -1)
+  return jnp.sum(a_BxT * stats[..., 0]), stats
+
+
+def _weighted_forward(chunk, x_BxTxD, w_DxV, y_BxT, a_BxT):
+  """The outputs and the total's gradients (dx, and dw float32), one chunk's logits at a time:
+  with its cotangent a scalar, the total's gradient is known before the backward pass, so the
+  logits' gradient a (softmax(z) - onehot(y)) is made and used where z is."""
+  t, d = x_BxTxD.shape[1:]
+  w_c = w_DxV.astype(x_BxTxD.dtype)
+
+  def one(x, y, a):  # [B, C, D], [B, C], [B, C] -> stats [B, C, 2], dx [B, C, D], dw [D, V]
+    z = _logits(x[:, :, None], w_c)
+    out, lses = _stats(z, y, None)
+    p, _ = _dense(z, lses, None)
+    dx, dw = _head_grads(x[:, :, None], w_c, _dlogits(p, None, y, a[..., None], None, x.dtype))
+    return jnp.stack([out["nll"][..., 0], out["hit"][..., 0]], -1), dx[:, :, 0], dw
+
+  if chunk >= t:
+    stats, dx, dw = one(x_BxTxD, y_BxT, a_BxT)
+  else:
+    def step(dw, xya):
+      stats, dx, dw_c = one(*xya)
+      return dw + dw_c, (stats, dx)
+    dw, (stats, dx) = jax.lax.scan(step, jnp.zeros((d, w_DxV.shape[1]), jnp.float32),
+                                   _cut((x_BxTxD, y_BxT, a_BxT), chunk))
+    stats, dx = _join((stats, dx), t)
+  return (jnp.sum(a_BxT * stats[..., 0]), stats), (dx, dw, stats[..., 0], w_DxV)
+
+
+def _weighted_backward(chunk, res, ct):
+  dx, dw, nll, w_DxV = res
+  g = ct[0]  # the (nll, hit) are returned without a gradient
+  return (g * dx).astype(dx.dtype), (g * dw).astype(w_DxV.dtype), None, g * nll
+
+
+_weighted.defvjp(_weighted_forward, _weighted_backward)
 
 
 def _logits(x_BxCxRxD, w_c):

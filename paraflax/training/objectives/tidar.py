@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from paraflax.model import mask_structure
-from paraflax.training.objectives.head_loss import token_nll
+from paraflax.training.objectives.head_loss import weighted_nll
 from paraflax.training.objectives.means import Loss, Mean
 from paraflax.training.objectives.protocol import register_objective
 
@@ -59,15 +59,22 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
   largest = max(block_size) if isinstance(block_size, Sequence) else block_size
   mask = mask_structure.tidar_train(l, block_sizes_for(rng, b, block_size), max_block=largest)
   hidden_Bx2LxD, _ = model(tokens, positions, mask, hidden=True)
-  # one pass over the row: clean position i predicts x_{i+1} (the last one nothing), mask
-  # slot i predicts x_i
-  targets = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, :1], tokens_BxL], 1)
-  nll, hit = token_nll(model, hidden_Bx2LxD, targets)
-  w_ar = w_diff = None
-  if "loss_mask" in batch:
+  # clean position i predicts x_{i+1} (the last one nothing), mask slot i predicts x_i
+  if "loss_mask" in batch:  # each half's count depends on the mask: a head pass a half
     w_diff = batch["loss_mask"].astype(bool)  # [B, L]: slot i predicts x_i
     w_ar = w_diff[:, 1:]  # [B, L-1]: clean position i predicts x_{i+1}
-  ar, ar_acc = Mean.of(nll[:, :l - 1], w_ar), Mean.of(hit[:, :l - 1], w_ar)
-  diff, diff_acc = Mean.of(nll[:, l:], w_diff), Mean.of(hit[:, l:], w_diff)
-  loss = Loss.of((alpha / (1.0 + alpha), ar), (1.0 / (1.0 + alpha), diff))
+    ar, nll_ar, hit_ar = weighted_nll(model, hidden_Bx2LxD[:, :l - 1], tokens_BxL[:, 1:], w_ar)
+    diff, nll_diff, hit_diff = weighted_nll(model, hidden_Bx2LxD[:, l:], tokens_BxL, w_diff)
+    loss = Loss.of((alpha / (1.0 + alpha), ar), (1.0 / (1.0 + alpha), diff))
+  else:  # the counts, B (L-1) and B L, are the shape's: one weighted NLL a row, one head pass
+    w_ar = w_diff = None
+    targets = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, :1], tokens_BxL], 1)
+    i = jnp.arange(2 * l)
+    coef = jnp.where(i < l - 1, alpha / ((1.0 + alpha) * max(l - 1, 1)),
+                     jnp.where(i >= l, 1.0 / ((1.0 + alpha) * l), 0.0))
+    row, nll, hit = weighted_nll(model, hidden_Bx2LxD, targets, jnp.broadcast_to(coef, (b, 2 * l)))
+    nll_ar, hit_ar, nll_diff, hit_diff = nll[:, :l - 1], hit[:, :l - 1], nll[:, l:], hit[:, l:]
+    loss = Loss.of(Mean(row.total, jnp.float32(b)))
+  ar, ar_acc = Mean.of(nll_ar, w_ar), Mean.of(hit_ar, w_ar)
+  diff, diff_acc = Mean.of(nll_diff, w_diff), Mean.of(hit_diff, w_diff)
   return loss, {"ar_loss": ar, "diff_loss": diff, "accuracy": ar_acc, "diff_accuracy": diff_acc}

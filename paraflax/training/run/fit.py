@@ -7,8 +7,8 @@ fits `HEADROOM` of the device's memory (a step XLA refuses to compile for want o
 XLA:TPU does, fits not):
 
   1. remat "none", the loss head over the whole row (`WHOLE_ROW`) at once, then in chunks
-     (`loss_chunk` auto: `head_loss.chunk_size`; each chunk's logits are recomputed in the
-     backward pass);
+     (`loss_chunk` auto: `head_loss.chunk_size`; `weighted_nll`'s chunks recompute nothing,
+     Jacobi Forcing's recompute each chunk's logits in the backward pass);
   2. the same two with remat "save_matmuls", then "full"; where "full" is the first that
      fits and no remat compiled but did not fit, "full" on the first k layers only
      (`RunControl.remat_layers`), k estimated from the two steps' memory, is compiled and

@@ -1,5 +1,5 @@
-"""Head losses (`head_loss.py`, `RunControl.loss_chunk`): `token_nll`'s and
-`pair_cross_entropy`'s outputs and gradients, whole row and chunked, equal plain autodiff over
+"""Head losses (`head_loss.py`, `RunControl.loss_chunk`): `token_nll`'s, `pair_cross_entropy`'s
+and `weighted_nll`'s outputs and gradients, whole row and chunked, equal plain autodiff over
 the full logits; every objective's loss, metrics and gradients with a chunk that does not
 divide the row equal the whole-row path; the whole row's gradient recomputes no logits; and the
 chunked step's temporaries stay far below the full-logits figure at a large vocabulary."""

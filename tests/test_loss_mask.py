@@ -64,13 +64,12 @@ def test_ar(model, tokens, loss_mask):
 
 
 def test_tidar(model, tokens, loss_mask):
-  fn = lambda b: tidar_loss(model, b, RNG, block_size=(3, 4), alpha=0.5)
-  plain, ones, masked = _both(fn, tokens, loss_mask)
+  fn_of = lambda m, b: tidar_loss(m, b, RNG, block_size=(3, 4), alpha=0.5)
+  plain, ones, masked = _both(lambda b: fn_of(model, b), tokens, loss_mask)
   # no mask: one head pass over both halves; a mask: a pass a half. The same loss and gradient
   for k in plain[1]:
     np.testing.assert_allclose(plain[1][k], ones[1][k], rtol=1e-6, err_msg=k)
   graphdef, params = nnx.split(model)
-  fn_of = lambda m, b: tidar_loss(m, b, RNG, block_size=(3, 4), alpha=0.5)
   step = lambda b: jax.value_and_grad(lambda p: fn_of(nnx.merge(graphdef, p), b)[0])(params)
   (v0, g0), (v1, g1) = step({"tokens": tokens}), step({"tokens": tokens,
                                                        "loss_mask": jnp.ones_like(tokens)})

@@ -72,9 +72,9 @@ def tidar_loss(model, batch, rng, block_size: int | Sequence[int] = 8, alpha: fl
     i = jnp.arange(2 * l)
     coef = jnp.where(i < l - 1, alpha / ((1.0 + alpha) * max(l - 1, 1)),
                      jnp.where(i >= l, 1.0 / ((1.0 + alpha) * l), 0.0))
-    row, nll, hit = weighted_nll(model, hidden_Bx2LxD, targets, jnp.broadcast_to(coef, (b, 2 * l)))
+    both, nll, hit = weighted_nll(model, hidden_Bx2LxD, targets, jnp.broadcast_to(coef, (b, 2 * l)))
     nll_ar, hit_ar, nll_diff, hit_diff = nll[:, :l - 1], hit[:, :l - 1], nll[:, l:], hit[:, l:]
-    loss = Loss.of(Mean(row.total, jnp.float32(b)))
+    loss = Loss.of(Mean(both.total, jnp.float32(b)))
   ar, ar_acc = Mean.of(nll_ar, w_ar), Mean.of(hit_ar, w_ar)
   diff, diff_acc = Mean.of(nll_diff, w_diff), Mean.of(hit_diff, w_diff)
   return loss, {"ar_loss": ar, "diff_loss": diff, "accuracy": ar_acc, "diff_accuracy": diff_acc}

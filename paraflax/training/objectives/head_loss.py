@@ -77,11 +77,10 @@ def weighted_nll(model, hidden_BxTxD, targets_BxT, weights_BxT=None):
   so that chunks recompute no logits."""
   b, t, _ = hidden_BxTxD.shape
   w_DxV = model.unembedding()
-  rows = b // sharding.batch_shards(b)
-  chunk = chunk_size(model.run.loss_chunk, rows, t, w_DxV.shape[1])
   weights = (jnp.ones((b, t), jnp.float32) if weights_BxT is None
              else weights_BxT.astype(jnp.float32))
-  total, stats_BxTx2 = _weighted(chunk, hidden_BxTxD, w_DxV, targets_BxT, weights)
+  total, stats_BxTx2 = _weighted(_chunk(model, hidden_BxTxD[:, :, None], w_DxV), hidden_BxTxD,
+                                 w_DxV, targets_BxT, weights)
   stats_BxTx2 = jax.lax.stop_gradient(stats_BxTx2)
   return Mean(total, weights.sum()), stats_BxTx2[..., 0], stats_BxTx2[..., 1]
 
@@ -96,11 +95,15 @@ def pair_cross_entropy(model, pairs_BxTx2xD, targets_BxT, temperature: float | N
 
 
 def _head(model, x_BxTxRxD, y_BxT, tau):
-  b, t, r, _ = x_BxTxRxD.shape
   w_DxV = model.unembedding()
+  return _cross_entropy(_chunk(model, x_BxTxRxD, w_DxV), tau, x_BxTxRxD, w_DxV, y_BxT)
+
+
+def _chunk(model, x_BxTxRxD, w_DxV) -> int:
+  """The loss chunk (`chunk_size`) of `x`'s positions for the rows one device holds."""
+  b, t, r, _ = x_BxTxRxD.shape
   rows = b // sharding.batch_shards(b)  # per device: the batch is split over a mesh's axes
-  chunk = chunk_size(model.run.loss_chunk, rows * r, t, w_DxV.shape[1])
-  return _cross_entropy(chunk, tau, x_BxTxRxD, w_DxV, y_BxT)
+  return chunk_size(model.run.loss_chunk, rows * r, t, w_DxV.shape[1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -157,8 +160,7 @@ _cross_entropy.defvjp(_forward, _backward)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _weighted(chunk, x_BxTxD, w_DxV, y_BxT, a_BxT):
   """(sum of a x nll `[]`, (nll, hit) `[B, T, 2]`) of the logits of `x`."""
-  out = _cross_entropy(chunk, None, x_BxTxD[:, :, None], w_DxV, y_BxT)
-  stats = jnp.stack([out["nll"][..., 0], out["hit"][..., 0]], -1)
+  stats = _nll_hit(_cross_entropy(chunk, None, x_BxTxD[:, :, None], w_DxV, y_BxT))
   return jnp.sum(a_BxT * stats[..., 0]), stats
 
 
@@ -174,7 +176,7 @@ def _weighted_forward(chunk, x_BxTxD, w_DxV, y_BxT, a_BxT):
     out, lses = _stats(z, y, None)
     p, _ = _dense(z, lses, None)
     dx, dw = _head_grads(x[:, :, None], w_c, _dlogits(p, None, y, a[..., None], None, x.dtype))
-    return jnp.stack([out["nll"][..., 0], out["hit"][..., 0]], -1), dx[:, :, 0], dw
+    return _nll_hit(out), dx[:, :, 0], dw
 
   if chunk >= t:
     stats, dx, dw = one(x_BxTxD, y_BxT, a_BxT)
@@ -186,6 +188,11 @@ def _weighted_forward(chunk, x_BxTxD, w_DxV, y_BxT, a_BxT):
                                    _cut((x_BxTxD, y_BxT, a_BxT), chunk))
     stats, dx = _join((stats, dx), t)
   return (jnp.sum(a_BxT * stats[..., 0]), stats), (dx, dw, stats[..., 0], w_DxV)
+
+
+def _nll_hit(out):
+  """(nll, hit) `[B, T, 2]` of one row a position's outputs."""
+  return jnp.stack([out["nll"][..., 0], out["hit"][..., 0]], -1)
 
 
 def _weighted_backward(chunk, res, ct):

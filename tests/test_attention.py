@@ -186,14 +186,18 @@ def test_auto_rule():
   assert r("auto", "gpu", bf16, max_len=4096, rows=1, cached=True) == "gpu_decode"
   assert r("auto", "gpu", bf16, max_len=4096, rows=64, cached=True) == "gpu_decode"
   assert r("auto", "gpu", bf16, max_len=4096, rows=128, cached=True) == "gpu_decode"  # TiDAR k=8
-  # ... and a TPU's up to 128 rows dense (splash would copy the cache in front of the chunk)
-  assert r("auto", "tpu", bf16, max_len=4096, rows=72, cached=True) == "xla"  # TiDAR k=8
+  # ... and a TPU's up to 128 rows the TPU decode layer (splash would copy the cache in front
+  # of the chunk), in float32 dense
+  assert r("auto", "tpu", bf16, max_len=4096, rows=72, cached=True) == "tpu_decode"  # TiDAR k=8
   assert r("auto", "tpu", bf16, max_len=4096, rows=129, cached=True) == ("mosaic", "xla_chunked")
   assert r("auto", "gpu", f32, max_len=4096, rows=1, cached=True) == "xla"
-  assert r("auto", "tpu", bf16, max_len=4096, rows=1, cached=True) == "xla"
+  assert r("auto", "tpu", bf16, max_len=4096, rows=1, cached=True) == "tpu_decode"
+  assert r("auto", "tpu", f32, max_len=4096, rows=1, cached=True) == "xla"
   # named: steps over a cache take it (interpreted on the CPU); other calls resolve as "auto"
   assert r("gpu_decode", "cpu", f32, max_len=4096, rows=1, cached=True) == "gpu_decode"
   assert r("gpu_decode", "gpu", bf16, max_len=4096, rows=512) == "cudnn"
+  assert r("tpu_decode", "cpu", f32, max_len=4096, rows=128, cached=True) == "tpu_decode"
+  assert r("tpu_decode", "cpu", f32, max_len=4096, rows=129, cached=True) == "xla_chunked"
   for name in ("xla", "xla_chunked"):  # explicit values are taken as given
     assert r(name, "cpu", f32, max_len=64, rows=1, cached=True) == name
   assert r("cudnn", "gpu", bf16) == "cudnn"

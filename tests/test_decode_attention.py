@@ -66,15 +66,17 @@ def test_the_kernel_equals_the_dense_path(name, t, heads):
       assert np.isfinite(got).all()
 
 
-def greedy_tokens(cfg, logit_scale: float = 1.0, decoders=None) -> dict:
+def greedy_tokens(cfg, logit_scale: float = 1.0, decoders=None,
+                  settings=("xla", "gpu_decode")) -> dict:
   """{(attention setting, decoder name): tokens} of greedy AR and Jacobi (or `decoders`) on
-  right-padded prompts, float32 "highest", for dense xla and "gpu_decode" on the same weights
-  (the final norm's scale times `logit_scale`: logits that far apart have no near ties)."""
+  right-padded prompts, float32 "highest", for each attention setting (dense xla and
+  "gpu_decode") on the same weights (the final norm's scale times `logit_scale`: logits that
+  far apart have no near ties)."""
   prompts = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size))
   lengths = np.array([12, 7])
   tokens = {}
   with jax.default_matmul_precision("highest"):
-    for setting in ("xla", "gpu_decode"):
+    for setting in settings:
       model = pf.Transformer(cfg, rngs=nnx.Rngs(0), run=RunControl(attention=setting))
       scale = model.final_norm.scale
       scale[...] = scale[...] * logit_scale

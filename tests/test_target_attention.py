@@ -102,15 +102,16 @@ def _decode_text(target, devs, mesh_shape, decoder, prompt_len: int,
 def test_auto_runs_splash_attention_for_every_length():
   """Splash attention's 128-blocks are padded (`attention._padded`), so "auto" picks it for
   any length on a TPU (xla_chunked stays the fallback for shapes the kernel declines), but
-  for a step of up to 128 rows over a cache (the decode rule: dense, the cache read in
-  place)."""
+  for a step of up to 128 rows over a cache (the decode rule: the TPU decode layer in 16 bits,
+  its attention dense, the cache read in place)."""
   r, bf16 = attention.resolve, jnp.bfloat16
   for rows in (8, 64, 136, 256):  # padded prompts; a TiDAR prefill (128 + 8)
     assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows) == ("mosaic", "xla_chunked")
   assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=136, cached=True) == ("mosaic",
                                                                             "xla_chunked")
   for rows in (64, 72, 80, 128):  # decode rule: TiDAR k=8's steps, the released MR loop's
-    assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows, cached=True) == "xla"
+    assert r("auto", "tpu", bf16, max_len=MAX_LEN, rows=rows, cached=True) == "tpu_decode"
+    assert r("auto", "tpu", jnp.float32, max_len=MAX_LEN, rows=rows, cached=True) == "xla"
   assert r("mosaic", "tpu", bf16, rows=64) == "mosaic"  # an explicit value is taken as given
 
 
@@ -206,6 +207,23 @@ def test_gpu_decode_layers_are_five_kernels():
   assert calls("paraflax_argmax_matmul") >= 1
   text = _decode_text(target, devs, (1, 1, 1), pf.decoders.TiDAR(8), 64, d_model=128)
   assert calls("paraflax_qkv_matmul") == calls("paraflax_decode_attention") >= 2
+
+
+def test_tpu_decode_layers_are_four_kernels():
+  """Heads 64 wide: every layer of a 16-bit AR step on a TPU v5e is the TPU decode layer's
+  four Mosaic projections (`tpu_decode_layer.py`) around dense attention, and no layer's
+  weights are copied into another layout inside the loop (the kernels take wq, wk and wv
+  transposed, as XLA:TPU keeps them); Jacobi's 16-row steps run them too."""
+  target, devs = _target("tpu-v5e")
+  for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(16)):
+    text = _decode_text(target, devs, (1, 1, 1), decoder, 64, d_model=256)
+    defined = [line.split("=")[0].split()[-1] for line in text.splitlines()
+               if "custom-call(" in line]
+    calls = lambda name: sum(d.startswith(f"%{name}.") for d in defined)  # noqa: E731
+    assert calls("paraflax_tpu_qkv_matmul") >= 2, type(decoder).__name__  # micro's 2 layers
+    assert calls("paraflax_tpu_matmul") == 2 * calls("paraflax_tpu_gated_matmul") == 2 * calls(
+        "paraflax_tpu_qkv_matmul")
+    assert not any("copy(" in line and "wq_ref" in line for line in text.splitlines())
 
 
 def test_tpu_decoding_compiles_at_batch_8_for_a_full_cache():

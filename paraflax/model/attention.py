@@ -23,6 +23,13 @@ implementation:
                narrower than 16 (`decode_attention.supports`), it is dense xla. Where
                `decode_layer.runs` says so (up to `decode_layer.MAX_ROWS` rows, heads of
                32 and wider), the whole layer is then five kernels (`decode_layer.py`).
+  tpu_decode   the TPU's decode layer for a call over a cache with at most `TPU_DECODE_ROWS`
+               query rows: five Pallas Mosaic kernels a layer, the attention kernel reading
+               the stacked cache in place in XLA:TPU's layout (`tpu_decode_attention.py`)
+               and four projections carrying the norms, biases, RoPE, the gate and the
+               residuals (`tpu_decode_layer.py`); where that layer does not run (a mesh, the
+               query stream, q/k norms) dense xla. Any other call resolves as "auto" would.
+               On the CPU it runs interpreted (tests).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
                mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);
                lengths padded to multiples of `CUDNN_BLOCK`, as splash attention's.
@@ -57,7 +64,8 @@ from paraflax.model.decode_attention import decode_attend
 from paraflax.model.mask_structure import Structured
 from paraflax.parallel import sharding
 
-IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn", "gpu_decode")
+IMPLEMENTATIONS = ("auto", "xla", "xla_chunked", "mosaic", "triton", "cudnn", "gpu_decode",
+                   "tpu_decode")
 ACCELERATED = ("mosaic", "triton", "cudnn")  # kernels that do not run on CPU
 # "auto" thresholds, from CPU measurements (docs/scaling.md, Attention; at model level
 # `paraflax perf slots` / `perf train --attention xla|xla_chunked` measure the same choice):
@@ -88,8 +96,9 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
 
   "auto", in order: (1) decode rule: a call over a cache with <= `GPU_DECODE_ROWS` query
   rows runs "gpu_decode" on a GPU with 16-bit compute (one kernel per layer); on a TPU one
-  with <= `TPU_DECODE_ROWS`, elsewhere one with <= `DECODE_ROWS`, runs "xla" (reads the
-  cache in place, memory linear in S for few rows);
+  with <= `TPU_DECODE_ROWS` runs "tpu_decode" with 16-bit compute, else "xla"; elsewhere one
+  with <= `DECODE_ROWS` runs "xla" (reads the cache in place, memory linear in S for few
+  rows);
   (2) on CPU or with float32 compute (float32 exactness, DESIGN invariant 1, needs a path
   that honours the matmul precision) "xla" for a model with max_seq_len <= `DENSE_MAX_LEN`,
   else "xla_chunked"; (3) with 16-bit compute, on GPU "cudnn" (cuDNN's fused flash
@@ -100,10 +109,12 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
   """
   if attention not in IMPLEMENTATIONS:
     raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {attention!r}")
-  gpu16 = backend == "gpu" and jnp.dtype(dtype) != jnp.float32
+  bits16 = jnp.dtype(dtype) != jnp.float32
+  gpu16, tpu16 = backend == "gpu" and bits16, backend == "tpu" and bits16
   decode = cached and rows <= (GPU_DECODE_ROWS if gpu16 or attention == "gpu_decode"
-                               else TPU_DECODE_ROWS if backend == "tpu" else DECODE_ROWS)
-  if attention == "gpu_decode" and not decode:
+                               else TPU_DECODE_ROWS if backend == "tpu"
+                               or attention == "tpu_decode" else DECODE_ROWS)
+  if attention in ("gpu_decode", "tpu_decode") and not decode:
     attention = "auto"
   if attention != "auto":
     if attention in ACCELERATED and backend == "cpu":
@@ -111,7 +122,7 @@ def resolve(attention: str, backend: str, dtype, *, max_len: int | None = None,
                        "(use 'auto', 'xla' or 'xla_chunked')")
     return attention
   if decode:
-    return "gpu_decode" if gpu16 else "xla"
+    return "gpu_decode" if gpu16 else "tpu_decode" if tpu16 else "xla"
   if backend == "cpu" or jnp.dtype(dtype) == jnp.float32:
     return "xla" if max_len is not None and max_len <= DENSE_MAX_LEN else "xla_chunked"
   return "cudnn" if backend == "gpu" else ("mosaic", "xla_chunked")
@@ -138,8 +149,8 @@ def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxS, *, attention: str = "xla
     return decode_attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, dense_mask(mask_BxTxS), cache_kv.k,
                          cache_kv.v, cache_kv.layer, interpret=backend == "cpu")
   cache_kv = None if cache_kv is None else cache_kv.kv()
-  if impl == "gpu_decode":  # under a mesh (a call XLA cannot partition), or heads it declines
-    impl = "xla"
+  if impl in ("gpu_decode", "tpu_decode"):  # under a mesh (a call XLA cannot partition),
+    impl = "xla"  # heads the GPU kernel declines, calls the TPU layer does not take
   kernel = set((impl,) if isinstance(impl, str) else impl) & set(ACCELERATED)
   if impl == "xla":
     return _dense(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, dense_mask(mask_BxTxS), cache_kv)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax.model import decode_layer, greedy_head
+from paraflax.model import decode_layer, greedy_head, tpu_decode_layer
 from paraflax.model.attention import attend, dense_mask
 from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
@@ -278,6 +278,11 @@ class Transformer(nnx.Module):
                          f"{self.run.remat_layers} of {cfg.n_layers} layers needs them unscanned")
       (call,) = calls.values()
       x, (ks, vs) = _scan_layers(self.layers, call, x, positions_BxT, mask, cache)
+    elif tpu_decode_layer.runs(cfg, x.shape, cache is not None, t, self.run.attention,
+                               self.run.backend()):
+      x, (ks, vs) = tpu_decode_layer.layers(self.layers, x, positions_BxT, dense_mask(mask),
+                                            cache, inv_freq,
+                                            interpret=self.run.backend() == "cpu")
     else:
       ks, vs = [], []
       for i, layer in enumerate(self.layers):

@@ -4,8 +4,8 @@ our own for the custom calls it gives no cost (cuBLAS, cuDNN, Pallas and Mosaic 
 program does not look cheaper the more of its work moves into custom calls.
 
   GEMM custom call       FLOPs 2 x |result| x the contracted sizes (its dot dimensions); the
-                         decode layer's and the greedy head's matmuls (`MATMULS`): 2 x rows
-                         x their weights' sizes
+                         GPU and TPU decode layers' and the greedy head's matmuls
+                         (`MATMULS`): 2 x rows x their weights' sizes
   attention custom call  FLOPs 4 x |q| x S (S: the keys' length, the longest of k's middle
                          dims), x 2.5 for a backward kernel, x 1/2 when its mask is causal
                          (cuDNN's backend config), or x the tiles it runs of all its tiles:
@@ -13,8 +13,9 @@ program does not look cheaper the more of its work moves into custom calls.
                          tiles in its tokamax config (`causal_tiles`), and where its name
                          scope says (`attention.splash_tiles`: a splash call skips a dense
                          mask's empty tiles, those its structure leaves empty in every row);
-                         the decode kernel (`decode_attention`): S = cache slots + chunk, and
-                         its stacked-cache operands' bytes are one layer's (what it reads)
+                         the decode kernels (`decode_attention`, `tpu_decode_attention`):
+                         S = cache slots + chunk, and their stacked-cache operands' bytes are
+                         one layer's (what they read)
   any other custom call  no FLOPs (data movement: TPU's buffer and concatenation calls)
   every custom call      bytes: its operands plus its results (on a TPU, those in HBM, and
                          none for a call that only places buffers, `kernels.places_buffers`)
@@ -39,16 +40,21 @@ import math
 import re
 
 from paraflax import hlo
+from paraflax.model import tpu_decode_attention
 from paraflax.model.decode_attention import KERNEL_NAME
-from paraflax.model import decode_layer, greedy_head
+from paraflax.model import decode_layer, greedy_head, tpu_decode_layer
 from paraflax.perf.compile.hbm import DTYPE_BYTES, Hbm, in_hbm
 from paraflax.perf.compile import kernels
 from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
 
+# the decode attention kernels by class: their stacked-cache operands (read one layer each)
+DECODE_CACHES = {f"attention:{KERNEL_NAME}": (4, 5),
+                 f"attention:{tpu_decode_attention.KERNEL_NAME}": (5, 6)}
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 # our Pallas matmuls by kernel name: (the operands that are rows [M, K], those that are
 # weights); the greedy head's second rows are a mixed head's (TiDAR's target: two rows' logits)
 MATMULS = {**{name: ((0,), w) for name, w in decode_layer.WEIGHTS.items()},
+           **{name: ((0,), w) for name, w in tpu_decode_layer.WEIGHTS.items()},
            greedy_head.KERNEL_NAME: ((0, 2), (1,))}
 _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
 # tokamax names its op's arguments in the call's metadata: a causal mask there is splash's
@@ -145,9 +151,8 @@ class Costs:
         out["uncosted"] += 1
         flops = 0.0
       sizes = [self._nbytes(shapes.get(o, "")) for o in call.operands]
-      if custom_call_class(call) == f"attention:{KERNEL_NAME}":  # reads one layer of the cache
-        for i in (4, 5):
-          sizes[i] /= arrays(shapes[call.operands[i]])[0][1][0]
+      for i in DECODE_CACHES.get(custom_call_class(call), ()):  # reads one layer of the cache
+        sizes[i] /= arrays(shapes[call.operands[i]])[0][1][0]
       out["bytes"] += sum(sizes) + self._nbytes(call.shape)
       out["flops"] += flops
     return out
@@ -207,6 +212,9 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   if kind == f"attention:{KERNEL_NAME}":  # q [B, T, Hkv, G, D], chunk k [B, U, ...], the caches
     q, chunk, cache = (arrays(shapes.get(ins.operands[i], ""))[0][1] for i in (0, 1, 4))
     return 4.0 * math.prod(q) * (cache[2] + chunk[1])
+  if kind == f"attention:{tpu_decode_attention.KERNEL_NAME}":  # q [B, T, H D], caches [.., S]
+    q, chunk, cache = (arrays(shapes.get(ins.operands[i], ""))[0][1] for i in (0, 1, 5))
+    return 4.0 * math.prod(q) * (cache[-1] + chunk[1])
   if kind.startswith("attention:"):  # q and k: the first two floating operands of rank >= 3
     qk = [a[0][1] for a in ops if a and a[0][0] in ("bf16", "f16", "f32") and len(a[0][1]) >= 3]
     if len(qk) < 2:

@@ -103,7 +103,7 @@ class Program:
         out.mix[kind] += 1
         out.syncs += "callback" in kind
         op_name = _OP_NAME.search(ins.rest)
-        for scope in self.scopes:
+        for scope in self.scopes if kind not in NOT_KERNELS else ():
           if op_name and f"/{scope}/" in op_name.group(1) + "/":
             out.scopes[scope] += 1
     if not skip:
@@ -164,8 +164,6 @@ def custom_call_class(ins: hlo.Instruction) -> str:
   from its backend config where the target is generic (a Pallas Triton or Mosaic call)."""
   target = ins.attribute("custom_call_target") or "?"
   name = kernel_name(ins) or target
-  if target == "tpu_custom_call":  # a Mosaic kernel: XLA:TPU names the call after it
-    name = re.sub(r"\.\d+$", "", ins.name)
   if ATTENTION.search(name) or ATTENTION.search(target):
     return f"attention:{'cudnn' if 'cudnn' in target else name}"
   if GEMM_CALLS.search(target) or GEMM_CALLS.search(name):
@@ -177,7 +175,10 @@ def custom_call_class(ins: hlo.Instruction) -> str:
 
 def kernel_name(ins: hlo.Instruction) -> str | None:
   """The kernel name a Pallas / Mosaic custom call carries in its backend config (JSON, or
-  a Pallas Triton call's MLIR attribute dict)."""
+  a Pallas Triton call's MLIR attribute dict); a Mosaic kernel's is its call's name, which
+  XLA:TPU gives after the kernel (`splash_mha_fwd.8`, `paraflax_tpu_matmul.3.x_ref`)."""
+  if ins.attribute("custom_call_target") == "tpu_custom_call":
+    return ins.name.split(".")[0]
   config = ins.attribute("backend_config")
   if not config:
     return None

@@ -1,7 +1,7 @@
 """The TPU decode layer's kernels (`model/tpu_decode_layer.py`, `tpu_decode_attention.py`),
-run interpreted on this CPU: layers of four Pallas projections around the attention kernel
-equal the model's layers in float32, for one row and a block of rows, with weights in one
-column block and in several, with and without q/k/v biases; a model that runs them decodes
+run interpreted on this CPU: layers of three Pallas kernels (q/k/v, the output projection, the
+MLP) around the attention kernel equal the model's layers in float32, for one row and a block of rows, with weights in one
+column block and in several, with q/k/v biases; a model that runs them decodes
 greedy AR's tokens with AR, Jacobi and TiDAR; and "auto" picks them only for a TPU's 16-bit
 decode steps."""
 
@@ -32,18 +32,17 @@ def _config(**overrides):
                                      "d_ff": 200, **overrides})
 
 
-@pytest.mark.parametrize("b,t,shape", [
-    (1, 1, {}),  # heads of 32; d_ff 200 in one column block, k and v in one of 64 lanes
-    (3, 5, {"n_heads": 12, "n_kv_heads": 4, "head_dim": 32, "d_ff": 384})],  # 3 blocks each
-    ids=["one row, one block", "block of rows, three blocks"])
-@pytest.mark.parametrize("bias", [True, False], ids=["biases", "no biases"])
+@pytest.mark.parametrize("b,t,shape,bias", [
+    (1, 1, {}, False),  # heads of 32; d_ff 200 in one column block, k and v in one of 64 lanes
+    (3, 5, {"n_heads": 12, "n_kv_heads": 4, "head_dim": 32, "d_ff": 384}, True)],  # 3 blocks
+    ids=["one row, one block", "block of rows, three blocks, biases"])
 def test_the_layers_equal_the_model_layers(b, t, shape, bias):
   """Two layers over a two-layer cache, float32, "highest": output rows and the chunk's keys
   and values (post-RoPE) of each layer."""
   cfg = _config(qkv_bias=bias, **shape)
-  if "d_ff" in shape:  # q, gate and up in several column blocks: the grid walks them
+  if "d_ff" in shape:  # q and the MLP's d_ff in several column blocks: the grid walks them
     assert tpu_decode_layer.columns(cfg.d_model, cfg.n_heads * cfg.dim_per_head) == 128
-    assert tpu_decode_layer.columns(cfg.d_model, cfg.d_ff, weights=2) == 128
+    assert tpu_decode_layer.columns(cfg.d_model, cfg.d_ff, weights=3) == 128
   layers = [Block(cfg, nnx.Rngs(i)) for i in range(2)]
   keys = jax.random.split(jax.random.key(1), 9)
   if bias:  # biases initialise to zero: make them count
@@ -76,7 +75,7 @@ def test_the_layers_equal_the_model_layers(b, t, shape, bias):
 
 def test_a_model_running_the_kernels_decodes_greedy_ar_tokens():
   """Greedy AR, Jacobi and TiDAR (k=4: 20 rows a sequence), float32, right-padded prompts:
-  with `attention="tpu_decode"` the prefill runs dense xla and every step the five kernels a
+  with `attention="tpu_decode"` the prefill runs dense xla and every step the four kernels a
   layer, and the tokens equal dense xla's throughout."""
   cfg = _config(vocab_size=64, n_layers=2, mask_token_id=63)
   assert tpu_decode_layer.runs(cfg, (2, 20, cfg.d_model), True, 20, "tpu_decode", "cpu")

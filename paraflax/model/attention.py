@@ -24,11 +24,11 @@ implementation:
                `decode_layer.runs` says so (up to `decode_layer.MAX_ROWS` rows, heads of
                32 and wider), the whole layer is then five kernels (`decode_layer.py`).
   tpu_decode   the TPU's decode layer for a call over a cache with at most `TPU_DECODE_ROWS`
-               query rows: five Pallas Mosaic kernels a layer, the attention kernel reading
+               query rows: four Pallas Mosaic kernels a layer, the attention kernel reading
                the stacked cache in place in XLA:TPU's layout (`tpu_decode_attention.py`)
-               and four projections carrying the norms, biases, RoPE, the gate and the
-               residuals (`tpu_decode_layer.py`); where that layer does not run (a mesh, the
-               query stream, q/k norms) dense xla. Any other call resolves as "auto" would.
+               and three for the projections and the MLP, carrying the norms, biases, RoPE,
+               the gate and the residuals (`tpu_decode_layer.py`); where that layer does not
+               run (a mesh, the query stream, q/k norms) dense xla. Any other call resolves as "auto" would.
                On the CPU it runs interpreted (tests).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
                mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);

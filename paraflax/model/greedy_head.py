@@ -63,13 +63,20 @@ def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V
   row's maximum (a last chunk that would run past V starts earlier; its repeated columns
   change no pick)."""
   v = w.shape[0] if tied else w.shape[1]
+  t = x_BxTxD.shape[1]
   columns = min(columns, v)
+  rows = x_BxTxD
+  if mix is not None:  # the rows mixed in beside their own: one gather of hidden states, not
+    rows = jnp.concatenate(  # one of each chunk's logits
+        [rows, jnp.take_along_axis(rows, mix[0][..., None], 1)], 1)
   best = pick = None
   for start in sorted({min(c, v - columns) for c in range(0, v, columns)}):
     part = w[start:start + columns] if tied else w[:, start:start + columns]
-    out = jnp.einsum("btd,cd->btc" if tied else "btd,dc->btc", x_BxTxD,
+    out = jnp.einsum("btd,cd->btc" if tied else "btd,dc->btc", rows,
                      part.astype(x_BxTxD.dtype), preferred_element_type=jnp.float32)
-    out = mixed(out, mix)
+    if mix is not None:
+      a = mix[1][..., None]
+      out = a * out[:, :t] + (1.0 - a) * out[:, t:]
     top, col = out.max(-1), start + jnp.argmax(out, -1).astype(jnp.int32)
     if best is None:
       best, pick = top, col

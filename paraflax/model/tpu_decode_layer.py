@@ -1,19 +1,19 @@
-"""A decode step's layer on a TPU in five Pallas (Mosaic) kernels: four projections that carry
-the norms, biases, RoPE, the SiLU gate and the residual adds, around the attention kernel
-that reads the stacked cache in place (`tpu_decode_attention.py`).
+"""A decode step's layer on a TPU in four Pallas (Mosaic) kernels: three for the projections
+and the MLP, carrying the norms, biases, RoPE, the SiLU gate and the residual adds, around
+the attention kernel that reads the stacked cache in place (`tpu_decode_attention.py`).
 
 At a few query rows XLA:TPU compiles each projection to a multiply-and-reduce fusion on the
 vector unit and leaves each norm (two kernels), bias, RoPE half, residual add and softmax pass
-in kernels of its own: about 22 a layer at batch 1. Here each projection is one kernel whose
-grid walks the weight's column blocks, so the pipeline streams the weight through VMEM once
-while the rows (at most `MAX_ROWS`) stay there, and finishes its outputs itself:
+in kernels of its own: about 22 a layer at batch 1. Here each kernel's grid walks its
+weights' column blocks, so the pipeline streams them through VMEM once while the rows (at
+most `MAX_ROWS`) stay there, and finishes its outputs itself:
 
   1. `qkv`      RMSNorm -> x @ wq | wk | wv + biases -> RoPE on q and k; k and v written in
                 place into the step's stacked chunk keys and values (no per-layer stacking)
   2. attention over the cache and the chunk (`tpu_decode_attention.decode_attend`)
   3. `project`  attn @ wo + x                        (the residual)
-  4. `project`  RMSNorm -> silu(x @ w_gate) * (x @ w_up)
-  5. `project`  act @ w_down + x
+  4. `mlp`      RMSNorm -> silu(x @ w_gate) * (x @ w_up) -> @ w_down + x, the hidden kept
+                in VMEM a block of d_ff at a time
 
 The rows stay flat, `[B T, D]`, from the first layer to the last: a TPU tiles 8 rows by 128
 lanes, so `[B, T, D]` and `[B T, D]` are laid out differently (each reshape a copy). wq, wk
@@ -45,7 +45,7 @@ VMEM_LIMIT = 64 * 2**20  # a kernel's VMEM (a TPU v5e core has 128 MiB)
 # the kernels' names, and which operands are their weights (`perf compile` costs them as
 # matmuls: 2 x rows x the weights' size)
 WEIGHTS = {"paraflax_tpu_qkv_matmul": (3, 4, 5), "paraflax_tpu_matmul": (1,),
-           "paraflax_tpu_gated_matmul": (1, 2)}
+           "paraflax_tpu_mlp_matmul": (1, 2, 3)}
 NAMES = tuple(WEIGHTS)
 
 
@@ -73,17 +73,14 @@ def _params(semantics: str):
 
 
 def _normed(x_ref, scale_ref, eps, dt):
-  """x's rows RMS-normed as `RMSNorm` does (float32 statistics, cast, times the scale cast),
-  or as they are without `scale_ref`."""
-  if scale_ref is None:
-    return x_ref[...].astype(dt)
+  """x's rows RMS-normed as `RMSNorm` does (float32 statistics, cast, times the scale cast)."""
   x = x_ref[...].astype(jnp.float32)
   inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
   return (x * inv).astype(dt) * scale_ref[...].astype(dt)
 
 
 def _dot(x, w_ref, dt, transposed=False):
-  """x @ w (`transposed`: x @ w.T) in float32, rounded to dt."""
+  """x @ w (`transposed`: x @ w.T, w `[N, K]`) accumulated in float32, rounded to dt."""
   dims = (((1,), (1 if transposed else 0,)), ((), ()))
   return jax.lax.dot_general(x, w_ref[...].astype(dt), dims,
                              preferred_element_type=jnp.float32).astype(dt)
@@ -167,48 +164,63 @@ def _qkv_kernel(x_ref, pos_ref, scale_ref, wq_ref, wk_ref, wv_ref, fq_ref, fk_re
     pl.when(inside)(functools.partial(part, w_ref, b_ref, o_ref, f_ref))
 
 
-def project(x_MxK, w_KxN, *, residual=None, norm_scale=None, eps=0.0, gate=None,
-            interpret=False):
-  """`[M, N]` in x's dtype: x (RMS-normed by `norm_scale`, if given) times w, then
-  `silu(x @ gate) * (x @ w)` when `gate` `[K, N]` is given, then `+ residual`. One grid step
-  per column block of w (`columns`); x stays in VMEM throughout."""
+def project(x_MxK, w_KxN, residual, *, interpret=False):
+  """`[M, N]` in x's dtype: x @ w + residual. One grid step per column block of w
+  (`columns`); x stays in VMEM throughout."""
   m, k = x_MxK.shape
   n, dt = w_KxN.shape[1], x_MxK.dtype
-  c = columns(k, n, weights=1 + (gate is not None))
-  block = pl.BlockSpec((k, c), lambda j: (0, j))
-  specs, args = [pl.BlockSpec((m, k), lambda j: (0, 0)), block], [x_MxK, w_KxN]
-  if gate is not None:
-    specs, args = specs + [block], args + [gate]
-  if residual is not None:
-    specs, args = specs + [pl.BlockSpec((m, c), lambda j: (0, j))], args + [residual]
-  if norm_scale is not None:
-    specs += [pl.BlockSpec((1, k), lambda j: (0, 0))]
-    args += [norm_scale.reshape(1, k)]
-  kernel = functools.partial(_project_kernel, eps=eps, has=(gate is not None,
-                             residual is not None, norm_scale is not None))
+  c = columns(k, n)
+  cols = lambda rows: pl.BlockSpec((rows, c), lambda j: (0, j))  # noqa: E731
   return pl.pallas_call(
-      kernel, grid=(n // c,), in_specs=specs, out_specs=pl.BlockSpec((m, c), lambda j: (0, j)),
+      _project_kernel, grid=(n // c,),
+      in_specs=[pl.BlockSpec((m, k), lambda j: (0, 0)), cols(k), cols(m)], out_specs=cols(m),
       out_shape=jax.ShapeDtypeStruct((m, n), dt), compiler_params=_params("parallel"),
-      interpret=interpret, name=NAMES[1] if gate is None else NAMES[2])(*args)
+      interpret=interpret, name=NAMES[1])(x_MxK, w_KxN, residual)
 
 
-def _project_kernel(x_ref, w_ref, *refs, eps, has):
-  o_ref, refs = refs[-1], iter(refs[:-1])
-  gate_ref, res_ref, scale_ref = (next(refs) if h else None for h in has)
-  dt = o_ref.dtype
+def _project_kernel(x_ref, w_ref, res_ref, o_ref):
+  o_ref[...] = res_ref[...] + _dot(x_ref[...], w_ref, o_ref.dtype)
+
+
+def mlp(x_MxD, w_gate, w_up, w_down, norm_scale, eps, *, interpret=False):
+  """`[M, D]`: x + the model's MLP of RMSNorm(x), `(silu(xn @ w_gate) * (xn @ w_up)) @ w_down`,
+  in one kernel whose grid walks d_ff's blocks (`columns`): each step's slice of the hidden
+  `[M, block]` stays in VMEM and adds its product with w_down's rows to a float32
+  accumulator, so the hidden never goes to HBM (at MR's 512 rows 10 MB a layer, written and
+  read again by a second kernel)."""
+  m, d = x_MxD.shape
+  f, dt = w_gate.shape[1], x_MxD.dtype
+  c = columns(d, f, weights=3)
+  whole = pl.BlockSpec((m, d), lambda j: (0, 0))
+  cols = pl.BlockSpec((d, c), lambda j: (0, j))
+  return pl.pallas_call(
+      functools.partial(_mlp_kernel, eps=eps, last=f // c - 1), grid=(f // c,),
+      in_specs=[whole, cols, cols, pl.BlockSpec((c, d), lambda j: (j, 0)),
+                pl.BlockSpec((1, d), lambda j: (0, 0))],
+      out_specs=whole, out_shape=jax.ShapeDtypeStruct((m, d), dt),
+      scratch_shapes=[pltpu.VMEM((m, d), jnp.float32)], compiler_params=_params("arbitrary"),
+      interpret=interpret, name=NAMES[2])(x_MxD, w_gate, w_up, w_down, norm_scale.reshape(1, d))
+
+
+def _mlp_kernel(x_ref, gate_ref, up_ref, down_ref, scale_ref, o_ref, acc_ref, *, eps, last):
+  j, dt = pl.program_id(0), o_ref.dtype
+
+  @pl.when(j == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
   x = _normed(x_ref, scale_ref, eps, dt)
-  out = _dot(x, w_ref, dt)
-  if gate_ref is not None:  # silu as jax.nn.silu: g * sigmoid(g), each rounded to the dtype
-    g = _dot(x, gate_ref, dt)
-    out = g * jax.nn.sigmoid(g.astype(jnp.float32)).astype(dt) * out
-  if res_ref is not None:
-    out = res_ref[...] + out
-  o_ref[...] = out
+  g = _dot(x, gate_ref, dt)  # silu as jax.nn.silu: g * sigmoid(g), each rounded to the dtype
+  hidden = g * jax.nn.sigmoid(g.astype(jnp.float32)).astype(dt) * _dot(x, up_ref, dt)
+  acc_ref[...] += jnp.dot(hidden, down_ref[...].astype(dt), preferred_element_type=jnp.float32)
+
+  @pl.when(j == last)
+  def _():
+    o_ref[...] = x_ref[...] + acc_ref[...].astype(dt)
 
 
 def layers(blocks, x_BxTxD, positions_BxT, mask_BxTxS, cache, inv_freq, *, interpret=False):
   """`(x, (k, v))` as the model's layer loop returns them (k, v `[L, B, T, Hkv, Dh]`), each
-  layer a `transformer.Block` in five kernels (module docstring) over the stacked `cache`
+  layer a `transformer.Block` in four kernels (module docstring) over the stacked `cache`
   (`KVCache`); `mask` dense `[B, T, S+T]`. The chunk's keys and values go straight into
   stacked buffers, layer by layer in place (no per-layer copy into a stack)."""
   b, t, d = x_BxTxD.shape
@@ -218,18 +230,20 @@ def layers(blocks, x_BxTxD, positions_BxT, mask_BxTxS, cache, inv_freq, *, inter
   x, positions = x_BxTxD.reshape(b * t, d), positions_BxT.reshape(-1)
   for i, layer in enumerate(blocks):
     x, kv = _block(layer, i, x, positions, mask_BxTxS, cache, inv_freq, kv, interpret)
+  # the chunk's keys and values only once every layer has read the cache: a commit of them
+  # then follows every read, so XLA writes the cache in place (no copy of it for the reads)
+  x, kv = jax.lax.optimization_barrier((x, kv))
   return x.reshape(b, t, d), tuple(a.reshape(len(blocks), b, t, hkv, dh) for a in kv)
 
 
 def _block(layer, i, x_MxD, positions_M, mask_BxTxS, cache, inv_freq, kv, interpret):
-  attn, mlp = layer.attn, layer.mlp
+  attn = layer.attn
   biases = (attn.bq[...], attn.bk[...], attn.bv[...]) if attn.cfg.qkv_bias else None
   q, *kv = qkv(x_MxD, positions_M, layer.attn_norm.scale[...], layer.attn_norm.eps,
                attn.wq[...], attn.wk[...], attn.wv[...], biases, inv_freq, kv, i,
                interpret=interpret)
   out = decode_attend(q, *kv, mask_BxTxS, cache.k, cache.v, i, interpret=interpret)
   wo = attn.wo[...]
-  x = project(out, wo.reshape(-1, wo.shape[-1]), residual=x_MxD, interpret=interpret)
-  act = project(x, mlp.w_up[...], gate=mlp.w_gate[...], norm_scale=layer.mlp_norm.scale[...],
-                eps=layer.mlp_norm.eps, interpret=interpret)
-  return project(act, mlp.w_down[...], residual=x, interpret=interpret), tuple(kv)
+  x = project(out, wo.reshape(-1, wo.shape[-1]), x_MxD, interpret=interpret)
+  return mlp(x, layer.mlp.w_gate[...], layer.mlp.w_up[...], layer.mlp.w_down[...],
+             layer.mlp_norm.scale[...], layer.mlp_norm.eps, interpret=interpret), tuple(kv)

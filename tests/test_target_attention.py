@@ -232,10 +232,12 @@ def test_tpu_decoding_compiles_at_batch_8_for_a_full_cache():
   as its own causal mask). A dense prefill mask made the kernel derive its block layout from
   the array, and at the 0.5B width, batch 8 and 2,048 cache slots (2 layers suffice) XLA:TPU
   failed to compile that ("Reshape should have supported layout before reaching the
-  emitter") for every decoder."""
+  emitter") for every decoder. One decode step a loop iteration: the prefill is what this
+  checks, and each step unrolled in the loop compiles its layers' Mosaic kernels again."""
   _target("tpu-v5e")
   plan = compile_run.CompilePlan(target="tpu-v5e", layers=2, objectives=(),
-                                 decoders=("ar", "tidar:4"), batches=(8,), new_tokens=16)
+                                 decoders=("ar", "tidar:4"), batches=(8,), new_tokens=16,
+                                 steps_per_iter=1)
   rows = []
   assert compile_run.run(plan, rows.append, lambda _: None) == []
   assert {(r["program"], r["decoder"]) for r in rows} == {

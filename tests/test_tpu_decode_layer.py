@@ -1,9 +1,9 @@
 """The TPU decode layer's kernels (`model/tpu_decode_layer.py`, `tpu_decode_attention.py`),
 run interpreted on this CPU: layers of three Pallas kernels (q/k/v, the output projection, the
-MLP) around the attention kernel equal the model's layers in float32, for one row and a block of rows, with weights in one
-column block and in several, with q/k/v biases; a model that runs them decodes
-greedy AR's tokens with AR and TiDAR; and "auto" picks them only for a TPU's 16-bit
-decode steps."""
+MLP) around the attention kernel equal the model's layers in float32, for one row and a block
+of rows, with weights in one column block and in several, with q/k/v biases; a model that
+runs them decodes greedy AR's tokens with AR and TiDAR; and "auto" picks them only for a
+TPU's 16-bit decode steps."""
 
 import dataclasses
 

@@ -28,8 +28,8 @@ implementation:
                the stacked cache in place in XLA:TPU's layout (`tpu_decode_attention.py`)
                and three for the projections and the MLP, carrying the norms, biases, RoPE,
                the gate and the residuals (`tpu_decode_layer.py`); where that layer does not
-               run (a mesh, the query stream, q/k norms) dense xla. Any other call resolves as "auto" would.
-               On the CPU it runs interpreted (tests).
+               run (a mesh, the query stream, q/k norms) dense xla. Any other call resolves
+               as "auto" would. On the CPU it runs interpreted (tests).
   cudnn        cuDNN flash attention through `jax.nn.dot_product_attention` (GPU); a dense
                mask becomes its additive bias `[B, 1, T, K]` (quadratic memory, one kernel);
                lengths padded to multiples of `CUDNN_BLOCK`, as splash attention's.

@@ -270,7 +270,8 @@ class Transformer(nnx.Module):
     if queries is not None:
       x, positions_BxT, mask = self._with_queries(x, positions_BxT, mask, queries, s)
     remats = [self.run.layer_remat(cfg, i) for i in range(cfg.n_layers)]
-    calls = {remat: _layer_call(remat, self.run.attention, self.run.backend(), inv_freq, t)
+    backend = self.run.backend()
+    calls = {remat: _layer_call(remat, self.run.attention, backend, inv_freq, t)
              for remat in set(remats)}
     if self.run.scans(cfg, cached=cache is not None):
       if len(calls) > 1:
@@ -278,11 +279,9 @@ class Transformer(nnx.Module):
                          f"{self.run.remat_layers} of {cfg.n_layers} layers needs them unscanned")
       (call,) = calls.values()
       x, (ks, vs) = _scan_layers(self.layers, call, x, positions_BxT, mask, cache)
-    elif tpu_decode_layer.runs(cfg, x.shape, cache is not None, t, self.run.attention,
-                               self.run.backend()):
+    elif tpu_decode_layer.runs(cfg, x.shape, cache is not None, t, self.run.attention, backend):
       x, (ks, vs) = tpu_decode_layer.layers(self.layers, x, positions_BxT, dense_mask(mask),
-                                            cache, inv_freq,
-                                            interpret=self.run.backend() == "cpu")
+                                            cache, inv_freq, interpret=backend == "cpu")
     else:
       ks, vs = [], []
       for i, layer in enumerate(self.layers):

@@ -212,9 +212,10 @@ def custom_call_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float | N
   if kind == f"attention:{KERNEL_NAME}":  # q [B, T, Hkv, G, D], chunk k [B, U, ...], the caches
     q, chunk, cache = (arrays(shapes.get(ins.operands[i], ""))[0][1] for i in (0, 1, 4))
     return 4.0 * math.prod(q) * (cache[2] + chunk[1])
-  if kind == f"attention:{tpu_decode_attention.KERNEL_NAME}":  # q [B T, H D], the chunk's
+  if kind == f"attention:{tpu_decode_attention.KERNEL_NAME}":
+    # q [B T, H D], the chunk's mask [B, T, T], the caches [L, B, Hkv, D, S]
     q, seen, cache = (arrays(shapes.get(ins.operands[i], ""))[0][1] for i in (0, 4, 5))
-    return 4.0 * math.prod(q) * (cache[-1] + seen[-1])  # mask [B, T, T], caches [.., S]
+    return 4.0 * math.prod(q) * (cache[-1] + seen[-1])
   if kind.startswith("attention:"):  # q and k: the first two floating operands of rank >= 3
     qk = [a[0][1] for a in ops if a and a[0][0] in ("bf16", "f16", "f32") and len(a[0][1]) >= 3]
     if len(qk) < 2:

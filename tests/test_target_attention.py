@@ -214,7 +214,8 @@ def test_tpu_decode_layers_are_four_kernels():
   four Mosaic kernels (`tpu_decode_layer.py`: q/k/v, the attention kernel over the cache in
   place, the output projection, the MLP), and no layer's weights are copied into another
   layout inside the loop (the kernels take wq, wk and wv transposed, as XLA:TPU keeps them);
-  Jacobi's 16-row steps run them too."""
+  Jacobi's 16-row steps run them too, and each step's head is the greedy head kernel
+  (`tpu_greedy_head.py`: no logits in HBM)."""
   target, devs = _target("tpu-v5e")
   for decoder in (pf.decoders.AR(), pf.decoders.Jacobi(16)):
     text = _decode_text(target, devs, (1, 1, 1), decoder, 64, d_model=256)
@@ -225,6 +226,7 @@ def test_tpu_decode_layers_are_four_kernels():
     assert (calls("paraflax_tpu_qkv_matmul") == calls("paraflax_tpu_decode_attention")
             == calls("paraflax_tpu_matmul") == calls("paraflax_tpu_mlp_matmul"))
     assert not any("copy(" in line and "wq_ref" in line for line in text.splitlines())
+    assert calls("paraflax_tpu_argmax_matmul") >= 1
 
 
 def test_tpu_decoding_compiles_at_batch_8_for_a_full_cache():

@@ -29,7 +29,7 @@ from paraflax.model.decode_layer import BLOCK_K, row_tile
 from paraflax.parallel import sharding
 
 KERNEL_NAME = "paraflax_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
-TPU_ROWS = 64  # a TPU step of at least this many rows takes `argmax_in_chunks`
+TPU_ROWS = 64  # a TPU step this wide, outside `tpu_greedy_head.runs`, takes `argmax_in_chunks`
 CHUNK_V = 8192  # its vocabulary columns a chunk
 MAX_ROWS = 1024  # rows a call may have; wider calls take XLA's head
 BLOCK_V = 128  # vocabulary columns per program (rows and contraction tiled as the decode layer)
@@ -58,7 +58,8 @@ def mixed(logits_BxTxV, mix):
 def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V):
   """int32 `[B, T]`: `jnp.argmax` of the head's logits (`mix` as `Transformer.argmax` mixes
   them), computed by XLA `columns` vocabulary columns at a time (static slices of the weight,
-  one after the other), so a wide TPU step never holds `[B, T, V]` float32 logits in HBM:
+  one after the other), so a wide TPU step that the TPU kernel does not take
+  (`tpu_greedy_head.runs`: float32, or a mesh) never holds `[B, T, V]` float32 logits in HBM:
   each chunk's logits, their maximum and its first column, then the first chunk reaching the
   row's maximum (a last chunk that would run past V starts earlier; its repeated columns
   change no pick)."""

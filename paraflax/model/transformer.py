@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from paraflax.model import decode_layer, greedy_head, tpu_decode_layer
+from paraflax.model import decode_layer, greedy_head, tpu_decode_layer, tpu_greedy_head
 from paraflax.model.attention import attend, dense_mask
 from paraflax.model.cache import CacheLayer, ChunkKV, KVCache
 from paraflax.model.config import ModelConfig
@@ -304,22 +304,25 @@ class Transformer(nnx.Module):
 
   def argmax(self, x_BxTxD, mix=None):
     """int32 `[B, T]`: `argmax(head(x))`, in one kernel that writes no logits where
-    `greedy_head.runs` (a GPU decode step's verified rows). `mix` (other `[B, T]` int32, a
-    `[B, T]`): row t's logits are `a * logits[t] + (1 - a) * logits[other]` (TiDAR's target
-    mixes its AR and diffusion rows; a = 1 with other = t leaves a row as it is)."""
+    `greedy_head.runs` or `tpu_greedy_head.runs` (a GPU's or a TPU's decode step). `mix`
+    (other `[B, T]` int32, a `[B, T]`): row t's logits are `a * logits[t] + (1 - a) *
+    logits[other]` (TiDAR's target mixes its AR and diffusion rows; a = 1 with other = t
+    leaves a row as it is)."""
     b, t, d = x_BxTxD.shape
     backend = self.run.backend()
     tied = self.cfg.tie_embeddings
     w = self.embed[...] if tied else self.lm_head[...]
-    if backend == "tpu" and b * t >= greedy_head.TPU_ROWS:
+    kernel = next((k for k in (greedy_head, tpu_greedy_head)
+                   if k.runs(self.cfg, b * t, self.run.attention, backend)), None)
+    if kernel is None and backend == "tpu" and b * t >= greedy_head.TPU_ROWS:
       return greedy_head.argmax_in_chunks(x_BxTxD, w, tied=tied, mix=mix)
-    if not greedy_head.runs(self.cfg, b * t, self.run.attention, backend):
+    if kernel is None:
       return jnp.argmax(greedy_head.mixed(self.head(x_BxTxD), mix), -1).astype(jnp.int32)
     flat = lambda z: z.reshape(b * t, *z.shape[2:])
     mixed = None if mix is None else (
         flat(jnp.take_along_axis(x_BxTxD, mix[0][..., None], 1)), flat(mix[1]))
-    return greedy_head.argmax(flat(x_BxTxD), w, tied=tied, mix=mixed,
-                              interpret=backend == "cpu").reshape(b, t)
+    return kernel.argmax(flat(x_BxTxD), w, tied=tied, mix=mixed,
+                         interpret=backend == "cpu").reshape(b, t)
 
   def _with_queries(self, x_BxTxD, positions_BxT, mask, queries: Queries, s: int):
     """Append the query stream's rows to the content rows (inputs, positions, mask)."""

@@ -42,7 +42,7 @@ import re
 from paraflax import hlo
 from paraflax.model import tpu_decode_attention
 from paraflax.model.decode_attention import KERNEL_NAME
-from paraflax.model import decode_layer, greedy_head, tpu_decode_layer
+from paraflax.model import decode_layer, greedy_head, tpu_decode_layer, tpu_greedy_head
 from paraflax.perf.compile.hbm import DTYPE_BYTES, Hbm, in_hbm
 from paraflax.perf.compile import kernels
 from paraflax.perf.compile.kernels import Program, custom_call_class, kernel_name
@@ -55,7 +55,7 @@ _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 # weights); the greedy head's second rows are a mixed head's (TiDAR's target: two rows' logits)
 MATMULS = {**{name: ((0,), w) for name, w in decode_layer.WEIGHTS.items()},
            **{name: ((0,), w) for name, w in tpu_decode_layer.WEIGHTS.items()},
-           greedy_head.KERNEL_NAME: ((0, 2), (1,))}
+           **{k.KERNEL_NAME: ((0, 2), (1,)) for k in (greedy_head, tpu_greedy_head)}}
 _BACKWARD = re.compile(r"bwd|backward|grad|dkv|dq", re.I)
 # tokamax names its op's arguments in the call's metadata: a causal mask there is splash's
 # static `CausalMask`, whose tiles above the diagonal the kernel's grid leaves out

@@ -85,9 +85,14 @@ def test_the_kernel_runs_where_the_tpu_decode_layer_runs():
 
 
 def test_a_block_of_columns_is_the_widest_that_fits_its_vmem():
+  """Its logits (each source's) and its weight block (double-buffered) fit their VMEM
+  budgets, and the next wider block would not: at 0.5B's and 7B's widths, bf16."""
   blocks = tpu_greedy_head.BLOCKS_V
-  fits = lambda rows, sources, c: sources * rows * c * 4 <= tpu_greedy_head.LOGITS_VMEM  # noqa: E731
-  for rows, sources in ((1, 1), (160, 2), (576, 2), (1024, 2)):
-    c = tpu_greedy_head.block_v(rows, sources)
-    assert fits(rows, sources, c)
-    assert c == blocks[0] or not fits(rows, sources, blocks[blocks.index(c) - 1])
+  def fits(rows, sources, d, c):
+    return (sources * rows * c * 4 <= tpu_greedy_head.LOGITS_VMEM
+            and 2 * d * c * 2 <= tpu_greedy_head.WEIGHT_VMEM)
+  for rows, sources in ((8, 1), (160, 2), (576, 2), (1024, 2)):
+    for d in (896, 3584):
+      c = tpu_greedy_head.block_v(rows, sources, d, 2)
+      assert fits(rows, sources, d, c)
+      assert c == blocks[0] or not fits(rows, sources, d, blocks[blocks.index(c) - 1])

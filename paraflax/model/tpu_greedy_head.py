@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from paraflax.model.attention import resolve
-from paraflax.model.tpu_decode_layer import MAX_ROWS, VMEM_LIMIT
+from paraflax.model.tpu_decode_layer import MAX_ROWS, VMEM_LIMIT, WEIGHT_VMEM
 from paraflax.parallel import sharding
 
 KERNEL_NAME = "paraflax_tpu_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
@@ -45,11 +45,12 @@ def runs(cfg, rows: int, attention: str, backend: str) -> bool:
                       cached=True) == "tpu_decode")
 
 
-def block_v(rows: int, sources: int) -> int:
+def block_v(rows: int, sources: int, d: int, itemsize: int) -> int:
   """The vocabulary columns of a grid step: the widest of `BLOCKS_V` whose float32 logits,
-  `[rows, block]` for each of `sources` (2 mixed), fit `LOGITS_VMEM`."""
-  return next((c for c in BLOCKS_V if sources * max(rows, 8) * c * 4 <= LOGITS_VMEM),
-              BLOCKS_V[-1])
+  `[rows, block]` for each of `sources` (2 mixed), fit `LOGITS_VMEM`, and whose weight block
+  of `d` x block elements of `itemsize` bytes fits `WEIGHT_VMEM` double-buffered."""
+  return next((c for c in BLOCKS_V if sources * max(rows, 8) * c * 4 <= LOGITS_VMEM
+               and 2 * d * c * itemsize <= WEIGHT_VMEM), BLOCKS_V[-1])
 
 
 def argmax(x_MxD, w, *, tied: bool, mix=None, columns: int | None = None,
@@ -61,7 +62,7 @@ def argmax(x_MxD, w, *, tied: bool, mix=None, columns: int | None = None,
   vocabulary columns (default `block_v`'s)."""
   m, d = x_MxD.shape
   v = w.shape[0] if tied else w.shape[1]
-  c = columns or block_v(m, 1 if mix is None else 2)
+  c = columns or block_v(m, 1 if mix is None else 2, d, w.dtype.itemsize)
   whole = lambda shape: pl.BlockSpec(shape, lambda j: (0, 0))  # noqa: E731
   specs = [whole((m, d)), pl.BlockSpec((c, d), lambda j: (j, 0)) if tied
            else pl.BlockSpec((d, c), lambda j: (0, j))]

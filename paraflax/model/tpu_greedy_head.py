@@ -86,8 +86,9 @@ def _kernel(x_ref, w_ref, *refs, v, block, tied):
   j, dt = pl.program_id(0), x_ref.dtype
   w = w_ref[...].astype(dt)
   dims = (((1,), (1 if tied else 0,)), ((), ()))  # x @ w.T (the embedding) or x @ w
-  head = lambda r: jax.lax.dot_general(r[...], w, dims, preferred_element_type=jnp.float32)  # noqa: E731
-  out = head(x_ref)  # [M, block] float32
+  def head(r):  # [M, block] float32
+    return jax.lax.dot_general(r[...], w, dims, preferred_element_type=jnp.float32)
+  out = head(x_ref)
   if y_ref is not None:
     a = a_ref[...]
     out = a * out + (1.0 - a) * head(y_ref)

@@ -36,14 +36,16 @@ BLOCK_V = 128  # vocabulary columns per program (rows and contraction tiled as t
 _ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def runs(cfg, rows: int, attention: str, backend: str) -> bool:
+def runs(cfg, rows: int, attention: str, backend: str, decode: str = "gpu_decode") -> bool:
   """Whether a greedy step's head of `rows` rows runs the kernel: where the model's decode
   steps run the GPU decode kernels (16-bit compute on a GPU by default, or
-  `attention="gpu_decode"`, then interpreted on a CPU), on one device, at most `MAX_ROWS`."""
+  `attention="gpu_decode"`, then interpreted on a CPU), on one device, at most `MAX_ROWS`.
+  `decode`: the decode attention whose steps run a head kernel (`tpu_greedy_head.runs`
+  passes "tpu_decode")."""
   mesh = sharding.context_mesh()
   return (rows <= MAX_ROWS and (mesh is None or mesh.size == 1)
           and resolve(attention, backend, cfg.compute_dtype, max_len=cfg.max_seq_len, rows=1,
-                      cached=True) == "gpu_decode")
+                      cached=True) == decode)
 
 
 def mixed(logits_BxTxV, mix):

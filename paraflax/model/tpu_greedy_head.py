@@ -26,9 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from paraflax.model.attention import resolve
-from paraflax.model.tpu_decode_layer import MAX_ROWS, VMEM_LIMIT, WEIGHT_VMEM
-from paraflax.parallel import sharding
+from paraflax.model import greedy_head
+from paraflax.model.tpu_decode_layer import VMEM_LIMIT, WEIGHT_VMEM
 
 KERNEL_NAME = "paraflax_tpu_argmax_matmul"  # its custom call's name (`perf compile`: a matmul)
 BLOCKS_V = (2048, 1024, 512, 256, 128)  # vocabulary columns a grid step: the widest that fits
@@ -38,11 +37,9 @@ LOGITS_VMEM = 8 * 2**20  # ... a block's float32 logits of every source in this 
 def runs(cfg, rows: int, attention: str, backend: str) -> bool:
   """Whether a greedy step's head of `rows` rows runs the kernel: where the model's decode
   steps run the TPU decode layer (16-bit compute on a TPU by default, or
-  `attention="tpu_decode"`, then interpreted on a CPU), on one device, at most `MAX_ROWS`."""
-  mesh = sharding.context_mesh()
-  return (rows <= MAX_ROWS and (mesh is None or mesh.size == 1)
-          and resolve(attention, backend, cfg.compute_dtype, max_len=cfg.max_seq_len, rows=1,
-                      cached=True) == "tpu_decode")
+  `attention="tpu_decode"`, then interpreted on a CPU), on one device, at most
+  `greedy_head.MAX_ROWS` (`greedy_head.runs`' rule)."""
+  return greedy_head.runs(cfg, rows, attention, backend, decode="tpu_decode")
 
 
 def block_v(rows: int, sources: int, d: int, itemsize: int) -> int:

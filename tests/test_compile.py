@@ -416,6 +416,39 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target(tmp_path):
       assert blocks == {str(attention.splash_keys(256))} == {"256"}, blocks
 
 
+# what XLA writes differently at autotuning level 0: a loop fusion's empty backend config, the
+# fingerprint of the module before scheduling, and (for any compile) source lines
+_LEVEL0_NOTES = (r', metadata=\{[^}]*\}', r'fingerprint_before_lhs="[0-9a-f]+"',
+                 r', backend_config=\{"operation_queue_id":"0","force_earliest_schedule":false,'
+                 r'"reification_cost":\[\],"device_type":"DEVICE_TYPE_INVALID",'
+                 r'"native_emitter_backend_config":\{"type":"NATIVE_EMITTER_TYPE_INVALID",'
+                 r'"unroll_factor":0\}\}', r'^\d+ \{file_name_id=.*$')
+
+
+def test_gpu_compiler_options_change_no_program(tmp_path, monkeypatch):
+  """A GPU target compiles with autotuning off (`targets.compiler_options`) to the program
+  XLA's default level compiles: a micro training step (cuDNN attention) and generate program
+  (prefill and decode loop: the decode layer's and greedy head's Triton kernels) for the H200,
+  instruction for instruction, GEMM configs included. (The first plan is the one the test above compiles: its
+  programs come from the run's compilation cache.)"""
+  texts = {}
+  for options in ("ours", "xla's"):
+    if options == "xla's":
+      monkeypatch.setattr(targets, "compiler_options", lambda target: {})
+    out = tmp_path / options.replace("'", "")
+    plan = compile_run.CompilePlan(target="h200", shape="micro", objectives=("ar",),
+                                   decoders=("ar",), batches=(2,), seq_len=256, cache_len=128,
+                                   new_tokens=16, hlo=str(out))
+    assert compile_run.run(plan, lambda row: None, lambda line: None) == []
+    texts[options] = {f.name: f.read_text() for f in sorted(out.iterdir())}
+  assert len(texts["ours"]) == 2 and set(texts["ours"]) == set(texts["xla's"])
+  for name, ours in texts["ours"].items():
+    same = [re.sub("|".join(_LEVEL0_NOTES), "", t, flags=re.M)
+            for t in (ours, texts["xla's"][name])]
+    assert same[0] == same[1], name
+    assert "__cublas$gemm" in ours or "__cudnn$fmha" in ours or "triton" in ours
+
+
 @pytest.mark.fast
 def test_calibration_pairs_programs_and_fits_kernels_and_bytes():
   from paraflax.perf.compile import calibrate

@@ -56,9 +56,10 @@ def _mesh(devs, shape) -> Mesh:
 
 
 def _compile(target, fn, *args, mesh=None) -> str:
-  """The compiled HLO text of `jax.jit(fn)(*args)` for `target` (under `mesh`)."""
+  """The compiled HLO text of `jax.jit(fn)(*args)` for `target` (under `mesh`), as `perf
+  compile` compiles (`targets.compiler_options`)."""
   with targets.compiling_for(target), sharding.use_mesh(mesh):
-    return jax.jit(fn).lower(*args).compile().as_text()
+    return jax.jit(fn).lower(*args).compile(targets.compiler_options(target)).as_text()
 
 
 def _abstract_model(platform: str, attention_: str = "auto", **shape):
@@ -82,7 +83,8 @@ def _train_step_text(target, devs, mesh_shape, attention_: str = "auto") -> str:
   step = jit_train_step(graphdef, objective(cfg.objective).bind(cfg.objective_args), tx, mesh,
                         params, opt_state)
   with targets.compiling_for(target):
-    return step.lower(params, opt_state, batch, key).compile().as_text()
+    return step.lower(params, opt_state, batch, key).compile(
+        targets.compiler_options(target)).as_text()
 
 
 def _decode_text(target, devs, mesh_shape, decoder, prompt_len: int,

@@ -38,7 +38,7 @@ def _compile(lower, target: targets.Target, mesh: Mesh | None = None) -> Compile
   from paraflax.training.run.dry_run import memory_report
   t0 = time.perf_counter()
   with targets.compiling_for(target), sharding.use_mesh(mesh):
-    compiled = lower().compile()
+    compiled = lower().compile(targets.compiler_options(target))
   memory = memory_report(compiled)
   return Compiled(compiled.as_text(), memory, time.perf_counter() - t0)
 
@@ -52,8 +52,9 @@ def train_step(cfg, target: targets.Target):
   mesh = mesh_of(target)  # the step is traced on it (`jit_train_step`)
   t0 = time.perf_counter()
   with targets.compiling_for(target):
-    cfg, tried, compiled = fit_to_device(cfg, mesh, target.capacity)
-    compiled = compiled or lower_step(cfg, mesh)[0].compile()
+    options = targets.compiler_options(target)
+    cfg, tried, compiled = fit_to_device(cfg, mesh, target.capacity, options)
+    compiled = compiled or lower_step(cfg, mesh)[0].compile(options)
   return Compiled(compiled.as_text(), memory_report(compiled), time.perf_counter() - t0,
                   tuple(tried)), cfg
 

@@ -90,15 +90,17 @@ def lower_step(cfg: TrainConfig, mesh=None):
   return step.lower(params, opt_state, batch, key), params, batch
 
 
-def fit_to_device(cfg: TrainConfig, mesh=None, capacity: int | None = None):
+def fit_to_device(cfg: TrainConfig, mesh=None, capacity: int | None = None,
+                  compiler_options: dict | None = None):
   """(`cfg` with its "auto" memory choices made by `fit.fitted`, the candidates tried, the
-  chosen step compiled or None): each candidate compiled on `mesh` with abstract shapes,
-  against `capacity` bytes per device (None: this process's device; on the CPU, which
-  reports none, `cfg` is returned as it is)."""
+  chosen step compiled or None): each candidate compiled on `mesh` with abstract shapes (and
+  XLA's `compiler_options`, `jax.stages.Lowered.compile`'s), against `capacity` bytes per
+  device (None: this process's device; on the CPU, which reports none, `cfg` is returned as
+  it is)."""
   compiled = []  # (candidate, its compiled step)
 
   def memory_of(c):
-    compiled.append((c, lower_step(c, mesh)[0].compile()))
+    compiled.append((c, lower_step(c, mesh)[0].compile(compiler_options)))
     return memory_report(compiled[-1][1])
   cfg, tried = fit.fitted(cfg, memory_of, fit.device_memory() if capacity is None else capacity)
   return cfg, tried, next((step for c, step in reversed(compiled) if c == cfg), None)

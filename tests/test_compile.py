@@ -429,8 +429,8 @@ def test_gpu_compiler_options_change_no_program(tmp_path, monkeypatch):
   """A GPU target compiles with autotuning off (`targets.compiler_options`) to the program
   XLA's default level compiles: a micro training step (cuDNN attention) and generate program
   (prefill and decode loop: the decode layer's and greedy head's Triton kernels) for the H200,
-  instruction for instruction, GEMM configs included. (The first plan is the one the test above compiles: its
-  programs come from the run's compilation cache.)"""
+  instruction for instruction, GEMM configs included. (The first plan is the one the test
+  above compiles: its programs come from the run's compilation cache.)"""
   texts = {}
   for options in ("ours", "xla's"):
     if options == "xla's":

@@ -46,6 +46,8 @@ def _pow2(n: int) -> int:
   return 1 << (n - 1).bit_length()
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("layer", "interpret"))
 def decode_attend(q_BxTxHxD, k_BxUxKxD, v_BxUxKxD, mask_BxTxS, cache_k, cache_v, layer: int, *,
                   interpret: bool = False):
   """`[B, T, H, D]` attention of the step's queries over layer `layer` of the stacked cache

@@ -89,6 +89,8 @@ def argmax_in_chunks(x_BxTxD, w, *, tied: bool, mix=None, columns: int = CHUNK_V
   return pick
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("tied", "interpret"))
 def argmax(x_MxD, w, *, tied: bool, mix=None, interpret: bool = False):
   """int32 `[M]`: the first column of each row's maximal logit, the logits being
   `x @ w.T` (`tied`: w the embedding `[V, D]`) or `x @ w` (w `[D, V]`), w cast to x's dtype

@@ -30,6 +30,8 @@ VMEM_LIMIT = 64 * 2**20
 _NEG = jnp.finfo(jnp.float32).min
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("layer", "interpret"))
 def decode_attend(q_MxHD, k_LxMxKD, v_LxMxKD, mask_BxTxS, cache_k, cache_v, layer: int, *,
                   interpret: bool = False):
   """`[B T, H * D]` attention of the step's query rows (B rows of T, flat) over layer `layer`

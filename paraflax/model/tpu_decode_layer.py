@@ -164,6 +164,8 @@ def _qkv_kernel(x_ref, pos_ref, scale_ref, wq_ref, wk_ref, wv_ref, fq_ref, fk_re
     pl.when(inside)(functools.partial(part, w_ref, b_ref, o_ref, f_ref))
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("interpret",))
 def project(x_MxK, w_KxN, residual, *, interpret=False):
   """`[M, N]` in x's dtype: x @ w + residual. One grid step per column block of w
   (`columns`); x stays in VMEM throughout."""
@@ -182,6 +184,8 @@ def _project_kernel(x_ref, w_ref, res_ref, o_ref):
   o_ref[...] = res_ref[...] + _dot(x_ref[...], w_ref, o_ref.dtype)
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
 def mlp(x_MxD, w_gate, w_up, w_down, norm_scale, eps, *, interpret=False):
   """`[M, D]`: x + the model's MLP of RMSNorm(x), `(silu(xn @ w_gate) * (xn @ w_up)) @ w_down`,
   in one kernel whose grid walks d_ff's blocks (`columns`): each step's slice of the hidden

@@ -50,6 +50,8 @@ def block_v(rows: int, sources: int, d: int, itemsize: int) -> int:
                and 2 * d * c * itemsize <= WEIGHT_VMEM), BLOCKS_V[-1])
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("tied", "columns", "interpret"))
 def argmax(x_MxD, w, *, tied: bool, mix=None, columns: int | None = None,
            interpret: bool = False):
   """int32 `[M]`: the first column of each row's maximal logit, the logits being

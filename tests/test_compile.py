@@ -415,8 +415,8 @@ def test_micro_programs_compile_for_a_gpu_and_a_tpu_target(tmp_path, monkeypatch
       ours = (tmp_path / "h200_train_ar_1x256.hlo.txt").read_text()
       with monkeypatch.context() as m:  # XLA's default autotuning level
         m.setattr(targets, "compiler_options", lambda target: {})
-        plan = dataclasses.replace(plan, objectives=("ar",), decoders=(), hlo=str(tmp_path / "x"))
-        assert compile_run.run(plan, lambda row: None, log.append) == []
+        xla = dataclasses.replace(plan, objectives=("ar",), decoders=(), hlo=str(tmp_path / "x"))
+        assert compile_run.run(xla, lambda row: None, log.append) == []
       xlas = (tmp_path / "x" / "h200_train_ar_1x256.hlo.txt").read_text()
       assert "__triton_nested_gemm_fusion" in ours and _same_program(ours, xlas)
     else:

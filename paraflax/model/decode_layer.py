@@ -78,12 +78,9 @@ def column_block(m: int, n: int) -> int:
   return next(c for c in (64, 32, 16) if tiles * pl.cdiv(n, c) >= PROGRAMS or c == 16)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 4, 5, 6))
-def _call(kernel, statics, grid, args, out_shape, interpret, name):
-  """`kernel` (with keyword arguments `statics`, a tuple of pairs) over `grid`. Jitted: a
-  program of many layers and steps traces and lowers each distinct kernel once."""
+def _call(kernel, grid, args, out_shape, interpret, name):
   return pl.pallas_call(
-      functools.partial(kernel, **dict(statics)), grid=grid, in_specs=[_ANY] * len(args),
+      kernel, grid=grid, in_specs=[_ANY] * len(args),
       out_specs=jax.tree.map(lambda _: _ANY, out_shape), out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=3),
       interpret=interpret, name=name)(*args)
@@ -129,6 +126,8 @@ def _loop(step, k, rows, n):
   return jax.lax.fori_loop(0, pl.cdiv(k, BLOCK_K), step, jnp.zeros((rows, n), jnp.float32))
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
 def qkv(x_MxD, positions_M, norm_scale, eps, wq, wk, wv, biases, inv_freq, *,
         interpret=False):
   """(q `[M, H, Dh]`, k, v `[M, Hkv, Dh]`): the attention's inputs of rows x, normed, projected,
@@ -141,9 +140,9 @@ def qkv(x_MxD, positions_M, norm_scale, eps, wq, wk, wv, biases, inv_freq, *,
   args = (x_MxD, positions_M, norm_scale, wq, wk, wv, jnp.asarray(inv_freq, jnp.float32),
           *(biases or ()))
   out = tuple(jax.ShapeDtypeStruct((m, n, dh), dt) for n in heads)
-  statics = (("shape", (m, d, dh, rows, heads)), ("eps", eps), ("biased", biases is not None))
-  return _call(_qkv_kernel, statics, (pl.cdiv(m, rows), sum(heads)), args, out, interpret,
-               "paraflax_qkv_matmul")
+  kernel = functools.partial(_qkv_kernel, shape=(m, d, dh, rows, heads), eps=eps,
+                             biased=biases is not None)
+  return _call(kernel, (pl.cdiv(m, rows), sum(heads)), args, out, interpret, "paraflax_qkv_matmul")
 
 
 def _qkv_kernel(x_ref, pos_ref, scale_ref, wq_ref, wk_ref, wv_ref, freq_ref, *refs, shape, eps,
@@ -182,6 +181,8 @@ def _qkv_kernel(x_ref, pos_ref, scale_ref, wq_ref, wk_ref, wv_ref, freq_ref, *re
         lambda n=n, start=start, rotate=rotate: head(*refs[n], j - start, rotate))
 
 
+# jitted: a program of many layers and steps traces and lowers each distinct kernel once
+@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
 def project(x_MxK, w_KxN, *, residual=None, norm_scale=None, eps=0.0, gate=None,
             interpret=False):
   """`[M, N]` in x's dtype: x (RMS-normed by `norm_scale`, if given) times w, then
@@ -192,9 +193,9 @@ def project(x_MxK, w_KxN, *, residual=None, norm_scale=None, eps=0.0, gate=None,
   cols = column_block(m, n)
   args = [x_MxK, w_KxN] + [a for a in (gate, residual, norm_scale) if a is not None]
   name = "paraflax_matmul" if gate is None else "paraflax_gated_matmul"
-  statics = (("shape", (m, k, n, rows, cols)), ("eps", eps),
-             ("has", (gate is not None, residual is not None, norm_scale is not None)))
-  return _call(_project_kernel, statics, (pl.cdiv(m, rows), pl.cdiv(n, cols)), args,
+  kernel = functools.partial(_project_kernel, shape=(m, k, n, rows, cols), eps=eps,
+                             has=(gate is not None, residual is not None, norm_scale is not None))
+  return _call(kernel, (pl.cdiv(m, rows), pl.cdiv(n, cols)), args,
                jax.ShapeDtypeStruct((m, n), dt), interpret, name)
 
 

@@ -19,8 +19,6 @@ from paraflax.training.run.accumulate import split
 from paraflax.training.run.step import train_step
 from conftest import MICRO
 
-pytestmark = pytest.mark.fast
-
 
 def _ar_rows():
   rows = _teacher_rows()  # 3 rows of 12, 4 and 9 answer tokens, plus one of 1
@@ -52,6 +50,7 @@ def _steps(name):
   return graphdef, params, tx.init(params), step
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_accumulated_micro_batches_equal_one_big_batch(name):
   rows, k, _ = CASES[name]
@@ -65,6 +64,7 @@ def test_accumulated_micro_batches_equal_one_big_batch(name):
   assert set(got[2]) == set(whole[2])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_mean_of_micro_batch_means_differs_there(name):
   """What `optax.MultiSteps` computes: the test batches do hold unequal target counts."""
@@ -77,6 +77,7 @@ def test_a_mean_of_micro_batch_means_differs_there(name):
   assert abs(float(np.mean(means)) - float(loss(batch))) > 1e-3
 
 
+@pytest.mark.fast
 def test_counts_pass_runs_no_forward():
   """The micro-batch counts are traced with a forward whose outputs are unused: XLA drops it
   (measured: 0.508 of the whole batch's flops at k=2, not ~0.67 with a forward more)."""
@@ -88,6 +89,7 @@ def test_counts_pass_runs_no_forward():
   assert flops[2] < 0.55 * flops[1], flops
 
 
+@pytest.mark.fast
 def test_bf16_compute_keeps_float32_master_weights():
   batch = _ar_rows()
   graphdef, params = nnx.split(pf.Transformer(pf.ModelConfig(**MICRO, dtype="bfloat16"),

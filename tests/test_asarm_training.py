@@ -73,7 +73,6 @@ def test_needs_a_two_stream_model(model):
     asarm.asarm_loss(model, {"tokens": jnp.zeros((2, 8), jnp.int32)}, jax.random.key(0))
 
 
-@pytest.mark.fast
 def test_sorted_rows_give_the_loss_and_gradients_of_the_natural_order():
   """The objective attends each row sorted prompt first (structured masks, the query stream
   `subcausal`); the same draws in the natural order with `masks.lattice`'s dense masks give

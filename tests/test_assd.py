@@ -35,8 +35,7 @@ def random_canvases(rng, b, n, vocab, low=0.05, high=0.95):
   return np.where(holes, HOLE, canvas)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("draft", ["self", "ngram"])
+@pytest.mark.parametrize("draft", ["self", pytest.param("ngram", marks=pytest.mark.fast)])
 def test_greedy_assd_equals_sequential_any_order_decoding(asarm, draft):
   canvas = random_canvases(np.random.default_rng(0), 6, 24, 48)
   seq = pf.infill(asarm, canvas)

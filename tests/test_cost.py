@@ -40,7 +40,6 @@ def test_a_step_reads_every_weight_and_every_filled_cache_slot():
   assert longer["bytes_accessed"] - base["bytes_accessed"] >= grown  # every filled slot read
 
 
-@pytest.mark.fast
 def test_a_drafter_loop_is_counted_once_per_trip():
   """Speculative's k-1 drafter forwards run in a `fori_loop`, which XLA's cost analysis counts
   once: `step_cost` counts every trip (each reads the drafter's weights)."""

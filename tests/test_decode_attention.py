@@ -18,8 +18,6 @@ from paraflax.model.decode_attention import BLOCK_K, decode_attend
 from paraflax.model.run import RunControl
 from paraflax.perf.shapes import model_config
 
-pytestmark = pytest.mark.fast
-
 # 150 slots: three blocks of the kernel's loop, the last ending past the cache (masked loads);
 # rows filled to 5, 20 and 149 read one, one and three of them
 LAYERS, SLOTS = 3, 150
@@ -42,7 +40,8 @@ MASKS = {
 }
 
 
-@pytest.mark.parametrize("heads", [(14, 2), (8, 4)], ids=["G=7", "G=2"])
+@pytest.mark.parametrize("heads", [pytest.param((14, 2), marks=pytest.mark.fast), (8, 4)],
+                         ids=["G=7", "G=2"])
 @pytest.mark.parametrize("name,t", [("one row", 1), ("causal block", 20),
                                     ("candidate blocks", 12), ("a row without keys", 3)])
 def test_the_kernel_equals_the_dense_path(name, t, heads):

@@ -19,8 +19,6 @@ from paraflax.model.cache import CacheLayer
 from paraflax.model.transformer import Block, rope_frequencies
 from paraflax.perf.shapes import model_config
 
-pytestmark = pytest.mark.fast
-
 SLOTS = 37
 
 
@@ -32,7 +30,8 @@ def _config(**overrides):
                              **overrides)
 
 
-@pytest.mark.parametrize("b,t", [(1, 1), (3, 5), (3, 30)], ids=["one row", "block", "two tiles"])
+@pytest.mark.parametrize("b,t", [pytest.param(1, 1, marks=pytest.mark.fast), (3, 5), (3, 30)],
+                         ids=["one row", "block", "two tiles"])
 @pytest.mark.parametrize("bias", [True, False], ids=["biases", "no biases"])
 def test_the_layer_equals_the_model_layer(b, t, bias):
   """float32, "highest": output rows and the chunk's keys and values (post-RoPE)."""
@@ -71,6 +70,7 @@ def test_a_model_running_the_kernels_decodes_greedy_ar_tokens():
   np.testing.assert_array_equal(tokens["xla", "Jacobi"], tokens["xla", "AR"])
 
 
+@pytest.mark.fast
 def test_the_layer_runs_only_where_its_kernels_apply():
   """Not on a CPU by default, nor for the query stream, Qwen3's q/k norms, narrow heads or
   more rows than `MAX_ROWS`; on a GPU with 16-bit compute by default."""
@@ -89,6 +89,7 @@ def test_the_layer_runs_only_where_its_kernels_apply():
                                "gpu")
 
 
+@pytest.mark.fast
 def test_a_wide_projection_equals_its_matmul():
   """A wide step's projection (200 rows: four row tiles, the last partial) takes column blocks
   of 64 (enough programs), the last partial too: normed, gated and with the residual, it

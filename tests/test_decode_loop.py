@@ -42,9 +42,9 @@ def decoder_case(name, models):
           "tidar": (pf.decoders.TiDAR(3), None)}[name]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("name", ["ar", "jacobi", "jacobi-mr", "prompt-lookup", "speculative",
-                                  "deer", "tidar"])
+@pytest.mark.parametrize("name", [  # the fast tier: one drafter of each kind, and TiDAR
+    "ar", "jacobi", "jacobi-mr", "prompt-lookup",
+    *(pytest.param(n, marks=pytest.mark.fast) for n in ("speculative", "deer", "tidar"))])
 def test_four_steps_per_iteration_equal_ar_and_the_python_loop(models, name):
   """Four, what a GPU or TPU runs (`core.resolve_steps_per_iter`)."""
   target = models[0]
@@ -71,9 +71,9 @@ def _on_tpu(model):
   return copy
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("name", ["jacobi", "jacobi-mr", "prompt-lookup", "speculative", "deer",
-                                  "tidar"])
+@pytest.mark.parametrize("name", [
+    *(pytest.param(n, marks=pytest.mark.fast) for n in ("jacobi", "jacobi-mr", "prompt-lookup")),
+    "speculative", "deer", "tidar"])
 def test_a_tpu_loop_writes_its_windows_unread_and_equals_ar(models, name):
   """Run as on a TPU, a loop's cache commits by windows and has `TPU_SPARE` spare slots, so
   each step writes its window whole, past what it keeps (`cache.commit`): the tokens are
@@ -88,7 +88,6 @@ def test_a_tpu_loop_writes_its_windows_unread_and_equals_ar(models, name):
   np.testing.assert_array_equal(out.lengths, ar.lengths)
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("name", ["ar", "tidar"])  # TiDAR keeps its drafts' q in the state
 def test_sampling_draws_the_same_tokens_at_any_steps_per_iter(models, name):
   decoder, draft = decoder_case(name, models)
@@ -137,7 +136,6 @@ def _equations(jaxpr):
           yield from _equations(sub)
 
 
-@pytest.mark.fast
 def test_float32_weights_of_a_bf16_model_are_cast_once_before_the_loop(model):
   """A trained workdir's float32 parameters decoded in bf16: no step casts a weight, and the
   tokens are those of the same weights stored in bf16."""

@@ -159,7 +159,6 @@ def test_stage1_row_by_hand(drafter):
   np.testing.assert_allclose(m["first_accuracy"], hits[0])
 
 
-@pytest.mark.fast
 def test_stage1_rows_aligned_at_the_longest_prompt_give_the_same_loss_and_gradients(drafter):
   """With `prompt_len` (the store's longest prompt) every row's answer starts at that slot,
   padding between its prompt and its answer: the same tokens at the same positions under the

@@ -137,8 +137,8 @@ def _deer2_mask_pairs(w, prompt, max_masked, prefix_BxN, r_BxN, bidirectional):
   return np.asarray(sums).reshape(b, -1).sum(1)  # bidirectional: N rows per batch row
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("prefix_mode", ["causal", "bidirectional"])
+@pytest.mark.parametrize("prefix_mode", ["causal", pytest.param("bidirectional",
+                                                                 marks=pytest.mark.fast)])
 def test_deer_pairs_are_their_masks_over_every_draw(prefix_mode):
   cfg = dataclasses.replace(CFG, drafter_prefix=prefix_mode)
   bidi = prefix_mode == "bidirectional"

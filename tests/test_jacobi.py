@@ -316,7 +316,6 @@ def test_context_draws_come_from_the_prompt_and_the_output_before_the_pending_to
   assert (again == draws).all()  # the call's rng seeds them
 
 
-@pytest.mark.fast
 def test_released_prefill_reads_draws_after_the_prompt_and_guesses_their_argmaxes(model):
   """Block 1 is the released prefill's: the argmax at the last prompt token (the first output
   token) and after each of the first n-1 tokens drawn from the prompt, read in one forward
@@ -340,7 +339,6 @@ def test_released_prefill_reads_draws_after_the_prompt_and_guesses_their_argmaxe
   assert state.guesses.tolist() == argmax[:, 1:].tolist() and state.left.tolist() == [3, 3]
 
 
-@pytest.mark.fast
 def test_a_released_step_accepts_no_guess_past_its_blocks_end(model):
   """Guesses equal to greedy AR's continuation would all be accepted; with one guess left in
   the block the step keeps that one and the decided token, then starts a new block."""

@@ -223,7 +223,6 @@ def test_the_pseudo_block_is_spawned_once_per_block_and_alone_when_it_finishes_i
   assert got.tolist() == blocks.tolist() and not lone.any()
 
 
-@pytest.mark.fast
 def test_without_candidates_it_is_released_jacobi(model):
   """Same prefill, draws and blocks as `Jacobi(variant="released")`: with a pool of 2 (one
   entry looked up, never the two matches candidates need) the same tokens and forwards."""

@@ -23,8 +23,6 @@ from paraflax.training.run.step import init_opt_state, stack_params, train_step
 from paraflax.training.workdirs.checkpoint import Checkpoints
 from conftest import MICRO
 
-pytestmark = pytest.mark.fast
-
 CFG = pf.ModelConfig(**{**MICRO, "n_layers": 3}, qkv_bias=True)
 OPTIM = OptimConfig(peak_lr=1e-2, warmup_steps=1, weight_decay=0.1, grad_clip_norm=0.5)
 
@@ -44,6 +42,7 @@ def _assert_trees_close(a, b, **tol):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
+@pytest.mark.fast
 def test_stack_and_unstack_round_trip_params_and_optimizer_state():
   _, params = _model()
   stacked = stack_params(params)
@@ -60,6 +59,7 @@ def test_stack_and_unstack_round_trip_params_and_optimizer_state():
   assert jax.tree.structure(layout.stack(opt)) == jax.tree.structure(tx.init(stacked))
 
 
+@pytest.mark.fast
 def test_the_decay_mask_is_the_per_layer_one_in_either_layout():
   _, params = _model()
   flat = dict(nnx.to_flat_state(params))
@@ -70,7 +70,7 @@ def test_the_decay_mask_is_the_per_layer_one_in_either_layout():
     assert stacked[kind].get_value() == decays.get_value(), path
 
 
-@pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.parametrize("accum", [pytest.param(1, marks=pytest.mark.fast), 2])
 def test_the_stacked_step_makes_the_per_layer_update(accum):
   graphdef, params = _model()
   tx = optim.optimizer(OPTIM, 10)
@@ -87,6 +87,7 @@ def test_the_stacked_step_makes_the_per_layer_update(accum):
   _assert_trees_close(layout.unstack(tuple(stacked)), tuple(per), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_a_stacked_leaf_keeps_its_layer_axis_whole_on_a_mesh():
   _, params = _model()
   mesh = AbstractMesh((2, 2, 2), sharding.AXES)
@@ -99,6 +100,7 @@ def test_a_stacked_leaf_keeps_its_layer_axis_whole_on_a_mesh():
   assert opt_specs[1][0].mu["layers"]["mlp"]["w_up"].spec == P(None, "fsdp", "tensor")
 
 
+@pytest.mark.fast
 def test_checkpoints_hold_the_per_layer_tree_and_restore_either_layout(tmp_path):
   _, params = _model()
   tx = optim.optimizer(OPTIM, 10)
@@ -120,6 +122,7 @@ def test_checkpoints_hold_the_per_layer_tree_and_restore_either_layout(tmp_path)
   ckpt.close()
 
 
+@pytest.mark.fast
 def test_a_resumed_stacked_run_repeats_an_uninterrupted_one(tmp_path):
   graphdef, params = _model()
   tx = optim.optimizer(OPTIM, 10)

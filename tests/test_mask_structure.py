@@ -13,8 +13,6 @@ from paraflax.decoding import deer_layout
 from paraflax.model import mask_structure as ms
 from paraflax.model import masks
 
-pytestmark = pytest.mark.fast
-
 
 SHAPES = [(1, 1, 0), (2, 7, 3), (3, 16, 5)]  # (B, T, S)
 
@@ -70,6 +68,7 @@ def _expanded(b, t, s, seed, bq=None, bk=None, only=None):
   return _compiled(_inputs(b, t, s, seed), t, s, bq, bk, only)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_structured_form_expands_to_its_dense_builder(seed):
   names = set()
@@ -95,6 +94,7 @@ def _dense_layout(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
   return out
 
 
+@pytest.mark.fast
 def test_layout_agrees_with_the_dense_mask():
   """Tiles that do not divide T or K (3 x 5) over masks of every shape of rule: a cache
   prefix, interleaved streams, halves, the lattice."""
@@ -105,6 +105,7 @@ def test_layout_agrees_with_the_dense_mask():
                                     err_msg=f"{name} at {shape}")
 
 
+@pytest.mark.fast
 def test_tile_counts_of_a_causal_mask():
   """Causal, 4 x 4 tiles of 4 tokens: 6 empty above the diagonal, 6 full below, 4 partial."""
   counts = ms.tile_counts(ms.causal(jnp.array([16]), 16).layout(4, 4))
